@@ -1,0 +1,233 @@
+"""Data sets, worker sharding and the `tf.data` input pipeline.
+
+Every data set is held as uint8 images `[N, H, W, 1]` plus int64 labels `[N]`,
+split into a fixed train and test part, so that every task of a cluster sees
+exactly the same arrays:
+
+- `digits`: scikit-learn's bundled handwritten digits (1,797 real 8x8 images,
+  pixel values 0-16; no download). Test split: 360 images, stratified, seed 0.
+- `mnist`: 28x28 images, from `mnist.npz` (Keras' layout: `x_train`, `y_train`,
+  `x_test`, `y_test`) or the four IDX files `train-images-idx3-ubyte.gz`, ...
+  (LeCun's layout, gzipped or not) in `data_dir`; with no `data_dir`, Keras'
+  cache (downloading if it is empty).
+- `synthetic`: random images of MNIST shape whose labels come from a fixed
+  random linear "teacher", so the task is learnable; for benchmarks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from lowlevel.config import UsageError
+
+
+class DataError(UsageError):
+    """The data files are missing, truncated or not what they claim to be."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """images: uint8 `[N, H, W, 1]`; labels: int64 `[N]` in `[0, num_classes)`."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSet:
+    """A named data set. `max_value` is the largest pixel value (16 for digits, 255 else)."""
+
+    name: str
+    train: Split
+    test: Split
+    num_classes: int
+    max_value: float
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train.images.shape[1:])
+
+
+def load(name: str, data_dir: Optional[str] = None) -> DataSet:
+    """Loads a data set by name ("digits", "mnist" or "synthetic").
+
+    Raises:
+      DataError: `data_dir` is missing or its files are truncated or malformed.
+      UsageError: unknown name.
+    """
+    if name == "digits":
+        return load_digits()
+    if name == "mnist":
+        return load_mnist(data_dir)
+    if name == "synthetic":
+        return synthetic()
+    raise UsageError(f"--dataset={name}: expected one of digits, mnist, synthetic")
+
+
+def load_digits() -> DataSet:
+    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sk_digits()
+    images = bunch.images.astype(np.uint8)[..., None]
+    labels = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        images, labels, test_size=360, random_state=0, stratify=labels)
+    return DataSet("digits", Split(x_tr, y_tr), Split(x_te, y_te), 10, 16.0)
+
+
+def synthetic(num_train: int = 16384, num_test: int = 2048, seed: int = 1234) -> DataSet:
+    rng = np.random.default_rng(seed)
+    teacher = rng.standard_normal((28 * 28, 10)).astype(np.float32)
+
+    def make(n):
+        images = rng.integers(0, 256, size=(n, 28, 28, 1), dtype=np.uint8)
+        centred = images.reshape(n, -1).astype(np.float32) / 255.0 - 0.5
+        return Split(images, np.argmax(centred @ teacher, axis=1).astype(np.int64))
+
+    return DataSet("synthetic", make(num_train), make(num_test), 10, 255.0)
+
+
+_IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+def load_mnist(data_dir: Optional[str]) -> DataSet:
+    """MNIST from `data_dir` (npz or IDX files) or, with None, Keras' cache."""
+    if data_dir is None:
+        import keras
+        (x_tr, y_tr), (x_te, y_te) = keras.datasets.mnist.load_data()
+        arrays = {"x_train": x_tr, "y_train": y_tr, "x_test": x_te, "y_test": y_te}
+    elif not os.path.isdir(data_dir):
+        raise DataError(f"--data_dir={data_dir}: no such directory")
+    elif os.path.exists(os.path.join(data_dir, "mnist.npz")):
+        arrays = _read_npz(os.path.join(data_dir, "mnist.npz"))
+    else:
+        arrays = {key: read_idx(_find_idx(data_dir, stem)) for key, stem in _IDX_FILES.items()}
+    for part in ("train", "test"):
+        x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
+        if x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) != len(y):
+            raise DataError(f"--data_dir={data_dir}: {part} images have shape {x.shape} "
+                            f"and labels {y.shape}; expected [N, 28, 28] and [N]")
+        if len(y) and (y.min() < 0 or y.max() > 9):
+            raise DataError(f"--data_dir={data_dir}: {part} labels outside 0-9")
+    return DataSet(
+        "mnist",
+        Split(arrays["x_train"].astype(np.uint8)[..., None], arrays["y_train"].astype(np.int64)),
+        Split(arrays["x_test"].astype(np.uint8)[..., None], arrays["y_test"].astype(np.int64)),
+        10, 255.0)
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path) as f:
+            return {key: f[key] for key in _IDX_FILES}
+    except KeyError as e:
+        raise DataError(f"{path}: missing array {e}; expected x_train, y_train, x_test, y_test")
+    except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, ...
+        raise DataError(f"{path}: not a readable npz file ({e})")
+
+
+def _find_idx(data_dir: str, stem: str) -> str:
+    for name in (stem + ".gz", stem):
+        if os.path.exists(os.path.join(data_dir, name)):
+            return os.path.join(data_dir, name)
+    raise DataError(f"--data_dir={data_dir}: neither mnist.npz nor {stem}.gz found")
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Reads one IDX file (gzipped or not) of unsigned bytes.
+
+    Format (LeCun): big-endian magic `0x0000 08 D` (D = number of dimensions),
+    D big-endian int32 sizes, then the data.
+
+    Raises:
+      DataError: bad magic number, or fewer bytes than the header promises.
+    """
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read ({e})")
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes (bad magic number)")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated header")
+    shape = tuple(int(d) for d in np.frombuffer(raw, ">i4", ndim, 4))
+    size = int(np.prod(shape))
+    if len(raw) - header != size:
+        raise DataError(f"{path}: truncated or padded: header says {shape} = {size} bytes, "
+                        f"file holds {len(raw) - header}")
+    return np.frombuffer(raw, np.uint8, size, header).reshape(shape)
+
+
+def shard_indices(num_examples: int, num_shards: int, index: int) -> np.ndarray:
+    """Indices of shard `index` of `num_shards`: every num_shards-th example.
+
+    The shards are disjoint and together cover `range(num_examples)`.
+    """
+    if not 0 <= index < num_shards:
+        raise ValueError(f"shard {index} out of range for {num_shards} shards")
+    return np.arange(index, num_examples, num_shards)
+
+
+def normalize(images, max_value: float):
+    """uint8 `[B, H, W, 1]` -> float32 in [0, 1]."""
+    return tf.cast(images, tf.float32) / max_value
+
+
+def train_input(data: DataSet, batch_size: int, num_shards: int, shard: int, seed: int):
+    """The training input of worker `shard` of `num_shards`.
+
+    The shard's arrays are fed once, when the iterator is initialised (they are
+    not baked into the graph, which is saved with every checkpoint); the shard
+    is reshuffled every epoch and repeated forever, and batches are prefetched
+    by `tf.data` so the step never waits on Python.
+
+    Returns:
+      (initializer op, feed dict for it, (images float32 `[batch_size, H, W, 1]`,
+      labels int64 `[batch_size]`)).
+    """
+    idx = shard_indices(len(data.train), num_shards, shard)
+    images, labels, feed = _placeholders(Split(data.train.images[idx], data.train.labels[idx]))
+    ds = tf.data.Dataset.from_tensor_slices((images, labels))
+    ds = ds.shuffle(len(idx), seed=seed + shard, reshuffle_each_iteration=True).repeat()
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda x, y: (normalize(x, data.max_value), y))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    return it.initializer, feed, it.get_next()
+
+
+def eval_input(split: Split, max_value: float, batch_size: int = 1000):
+    """`split` in order, in batches of at most `batch_size`.
+
+    Returns:
+      (initializer op, feed dict for it, (images float32 `[b, H, W, 1]`,
+      labels int64 `[b]`)); run the initializer before each pass.
+    """
+    images, labels, feed = _placeholders(split)
+    ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
+    ds = ds.map(lambda x, y: (normalize(x, max_value), y))
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    return it.initializer, feed, it.get_next()
+
+
+def _placeholders(split: Split):
+    images = tf.compat.v1.placeholder(tf.uint8, split.images.shape)
+    labels = tf.compat.v1.placeholder(tf.int64, split.labels.shape)
+    return images, labels, {images: split.images, labels: split.labels}

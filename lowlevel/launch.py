@@ -1,0 +1,201 @@
+"""Runs a whole ps/worker cluster on this machine and supervises it.
+
+    python -m lowlevel.launch                      # 1 ps + 2 workers, mlp on digits
+    python -m lowlevel.launch --num_workers=3 --sync --train_steps=3000
+
+Each task is a `python -m lowlevel.trainer` process on a free loopback port;
+every trainer flag given here is passed on to every task. Output is prefixed
+with the task's name (`[ps0]`, `[worker1]`); on a terminal one live progress
+line shows the chief's global step, rate and loss.
+
+Exit status: 0 when every task exited 0. If a task fails, the launcher names
+it, stops the others and exits 1. Ctrl-C (exit 130) or SIGTERM (exit 143)
+stops every task; each child also gets SIGTERM should the launcher itself die
+(Linux `PR_SET_PDEATHSIG`), so no orphan is left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import portpicker
+from absl import app, flags
+
+from lowlevel import trainer  # noqa: F401  (defines the trainer flags passed on)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
+flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the chief).")
+flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
+                   "to wait before killing it.")
+
+CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
+PROGRESS = re.compile(r"step (\d+)/(\d+) \| loss ([\d.]+) \| ([\d,]+) examples/s \| "
+                      r"([\d.]+) steps/s")
+
+
+def trainer_args() -> list[str]:
+    """The trainer flags set on this command line, serialised to pass on."""
+    names = [f.name for f in FLAGS.get_key_flags_for_module(sys.modules["lowlevel.trainer"])]
+    names.append("verbosity")
+    for name in CLUSTER_FLAGS:
+        if FLAGS[name].present:
+            raise app.UsageError(f"--{name} is set by the launcher; use --num_ps/--num_workers")
+    return [FLAGS[n].serialize() for n in names if FLAGS[n].present and n != "output_dir"]
+
+
+def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[str],
+                  host: str = "127.0.0.1") -> dict[str, list[str]]:
+    """{task name: argv} for a cluster on free ports of `host`."""
+    ps = [f"{host}:{portpicker.pick_unused_port()}" for _ in range(num_ps)]
+    workers = [f"{host}:{portpicker.pick_unused_port()}" for _ in range(num_workers)]
+    common = [sys.executable, "-m", "lowlevel.trainer", f"--ps_hosts={','.join(ps)}",
+              f"--worker_hosts={','.join(workers)}", f"--output_dir={output_dir}", *extra]
+    tasks = {f"ps{i}": common + ["--job_name=ps", f"--task_index={i}"] for i in range(num_ps)}
+    tasks.update({f"worker{i}": common + ["--job_name=worker", f"--task_index={i}"]
+                  for i in range(num_workers)})
+    return tasks
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Supervisor:
+    """Starts the tasks, relays their output and watches their exit statuses."""
+
+    def __init__(self, commands: dict[str, list[str]], out=sys.stdout):
+        self.out = out
+        self.lines: queue.Queue = queue.Queue()
+        self.procs: dict[str, subprocess.Popen] = {}
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name, argv in commands.items():
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, text=True,
+                                    errors="replace", preexec_fn=_die_with_parent)
+            self.procs[name] = proc
+            threading.Thread(target=self._read, args=(name, proc), daemon=True).start()
+
+    def _read(self, name, proc):
+        for line in proc.stdout:
+            self.lines.put((name, line.rstrip("\n")))
+        self.lines.put((name, None))
+
+    def stop(self, timeout_secs: float) -> None:
+        """SIGTERM every live task, then SIGKILL what is left after `timeout_secs`."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_secs
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
+    """Relays output until every task has exited; returns the launcher's exit status."""
+    open_streams = set(sup.procs)
+    failed = None
+    while open_streams or any(p.poll() is None for p in sup.procs.values()):
+        try:
+            name, line = sup.lines.get(timeout=0.2)
+        except queue.Empty:
+            name = line = None
+        if line is None and name is not None:
+            open_streams.discard(name)
+        elif line is not None:
+            match = PROGRESS.search(line) if name == "worker0" else None
+            if progress is not None and match:
+                progress.update(match)
+            else:
+                _write(f"[{name}] {line}", progress, sup.out)
+        for task, proc in sup.procs.items():
+            code = proc.poll()
+            if code not in (None, 0) and failed is None:
+                failed = task
+                _write(f"launch: {task} exited with status {code}; stopping the other tasks",
+                       progress, sup.out)
+                sup.stop(stop_timeout_secs)
+    if progress is not None:
+        progress.close()
+    return 1 if failed else 0
+
+
+class Progress:
+    """One live tqdm line: the chief's global step out of train_steps, rate and loss."""
+
+    def __init__(self):
+        from tqdm import tqdm
+        self._bar = tqdm(total=1, unit="step", dynamic_ncols=True, leave=True)
+
+    def update(self, match) -> None:
+        step, total = int(match.group(1)), int(match.group(2))
+        self._bar.total = total
+        self._bar.n = min(step, total)
+        self._bar.set_postfix_str(f"{match.group(5)} steps/s, loss {match.group(3)}",
+                                  refresh=True)
+
+    def write(self, text: str) -> None:
+        self._bar.write(text)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _write(text, progress, out):
+    if progress is not None:
+        progress.write(text)
+    else:
+        print(text, file=out, flush=True)
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
+    if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
+        raise app.UsageError("--num_ps and --num_workers must be at least 1")
+    output_dir = FLAGS.output_dir or os.path.join(
+        "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    os.makedirs(output_dir, exist_ok=True)
+    commands = task_commands(FLAGS.num_ps, FLAGS.num_workers, os.path.abspath(output_dir),
+                             trainer_args())
+    print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers on localhost; "
+          f"output in {output_dir}", flush=True)
+    started = time.monotonic()
+    sup = Supervisor(commands)
+
+    def on_signal(signum, frame):
+        print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
+        sup.stop(FLAGS.stop_timeout_secs)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    progress = Progress() if sys.stdout.isatty() else None
+    code = supervise(sup, FLAGS.stop_timeout_secs, progress)
+    elapsed = time.monotonic() - started
+    if code == 0:
+        print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s; metrics in "
+              f"{os.path.join(output_dir, 'final_metrics.json')}", flush=True)
+    return code
+
+
+def run():
+    """Console-script entry point."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

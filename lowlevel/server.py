@@ -1,0 +1,168 @@
+"""Starting a task's server, session configs, and cluster-wide shutdown.
+
+A `tf.compat.v1.train.Server` cannot be stopped, and `server.join()` never
+returns (tensorflow/tensorflow#4713, tensorflow/ecosystem#19), so the classic
+ps task runs until somebody kills it. Here the shutdown goes through the
+cluster itself, with two queues that live in the ps tasks' resource managers
+(shared by name, so every session that builds them gets the same queue):
+
+- `lowlevel/workers_done` on ps 0: each non-chief worker enqueues its
+  task_index when its training loop has ended and its session is closed;
+- `lowlevel/stop_ps<K>` on ps K: the chief enqueues one element when it has
+  saved the final checkpoint, evaluated and heard from every worker (or its
+  `shutdown_timeout_secs` ran out). ps K waits on it and exits 0.
+
+Note: a Server listens on all interfaces whatever host the cluster names, with
+no authentication; keep clusters on trusted networks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Iterable
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel.cluster import PS, Cluster, Task
+
+v1 = tf.compat.v1
+
+POLL_SECS = 0.5  # how often a waiting loop checks for signals and deadlines
+
+
+def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
+                   inter_op_threads: int = 0):
+    """The `ConfigProto` for a task's server and sessions.
+
+    Thread pools: 0 means "share the cores": cores // (tasks on this host),
+    at least 1 intra-op and 2 inter-op threads (a ps runs blocking queue and
+    accumulator ops in its inter-op pool). Three tasks on two cores otherwise
+    each start two full pools and fight over the cores.
+
+    `device_filters` keep a worker from waiting for, or talking to, the other
+    workers: it sees only the ps job and itself; a ps sees only itself.
+    """
+    share = max(1, (os.cpu_count() or 1) // cluster.tasks_on_host_of(task.job_name,
+                                                                     task.task_index))
+    if task.job_name == PS:
+        filters = [task.device]
+    else:
+        filters = ["/job:ps", task.device]
+    return v1.ConfigProto(
+        intra_op_parallelism_threads=intra_op_threads or share,
+        inter_op_parallelism_threads=inter_op_threads or max(2, share),
+        allow_soft_placement=True,
+        device_filters=filters)
+
+
+def start(cluster: Cluster, task: Task, config) -> "v1.train.Server":
+    """Starts this task's gRPC server (it serves until the process exits).
+
+    Raises:
+      tf.errors.UnknownError: the port cannot be bound (e.g. already in use).
+    """
+    server = v1.train.Server(v1.train.ClusterSpec(cluster.as_dict()),
+                             job_name=task.job_name, task_index=task.task_index,
+                             config=config, start=True)
+    logging.info("%s: server listening on %s (%s)", task.name,
+                 cluster.hosts(task.job_name)[task.task_index], server.target)
+    return server
+
+
+def _queue(name: str, device: str, capacity: int = 1024):
+    with v1.device(device):
+        return v1.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=name,
+                            name=name.replace("/", "_"))
+
+
+class ShutdownChannel:
+    """The shutdown queues, built into the current graph (before it is finalised)."""
+
+    def __init__(self, num_ps: int):
+        self.num_ps = num_ps
+        self._task_index = v1.placeholder(tf.int32, [], name="shutdown_task_index")
+        done = _queue("lowlevel/workers_done", "/job:ps/task:0/device:CPU:0")
+        self._report_done = done.enqueue(self._task_index)
+        self._next_done = done.dequeue()
+        self._stop_ps = [_queue(f"lowlevel/stop_ps{k}", f"/job:ps/task:{k}/device:CPU:0")
+                         .enqueue(0) for k in range(num_ps)]
+
+    def report_done(self, sess, task_index: int) -> None:
+        """Tells the chief that worker `task_index` has finished (non-chief workers)."""
+        sess.run(self._report_done, {self._task_index: task_index},
+                 options=v1.RunOptions(timeout_in_ms=10_000))
+
+    def wait_for_workers(self, sess, expected: Iterable[int], timeout_secs: float) -> set:
+        """Waits until every worker in `expected` reported done; returns the missing ones."""
+        missing = set(expected)
+        deadline = time.monotonic() + timeout_secs
+        while missing and time.monotonic() < deadline:
+            ms = int(min(POLL_SECS, deadline - time.monotonic()) * 1000) + 1
+            try:
+                missing.discard(int(sess.run(self._next_done,
+                                             options=v1.RunOptions(timeout_in_ms=ms))))
+            except tf.errors.DeadlineExceededError:
+                pass
+        return missing
+
+    def stop_ps(self, sess) -> None:
+        """Tells every ps task to exit. A ps that is already gone is logged and skipped."""
+        for k, op in enumerate(self._stop_ps):
+            try:
+                sess.run(op, options=v1.RunOptions(timeout_in_ms=10_000))
+            except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                    tf.errors.AbortedError) as e:
+                logging.warning("could not reach ps%d to stop it: %s", k, e.message)
+
+
+class _Signals:
+    """Records SIGTERM/SIGINT instead of dying inside a blocking TensorFlow call."""
+
+    def __init__(self):
+        self.received = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+
+def run_std_server(server, task: Task, config=None) -> int:
+    """Serves as ps `task.task_index` until the chief's stop signal; returns an exit status.
+
+    The wait for the signal is one blocking dequeue in a helper thread (a
+    polling dequeue with a deadline makes the ps cancel a step every poll); the
+    main thread stays free to handle SIGTERM and SIGINT.
+
+    Returns:
+      0 after the chief's stop signal or a SIGTERM; 130 after SIGINT (Ctrl-C).
+    """
+    signals = _Signals()
+    start_time = time.monotonic()
+    stopped = threading.Event()
+    with tf.Graph().as_default():
+        wait = _queue(f"lowlevel/stop_ps{task.task_index}",
+                      f"{task.device}/device:CPU:0").dequeue()
+        sess = v1.Session(server.target, config=config)
+
+    def wait_for_chief():
+        sess.run(wait)
+        stopped.set()
+
+    threading.Thread(target=wait_for_chief, name="wait_for_chief", daemon=True).start()
+    logging.info("%s: serving variables; will exit when the chief signals the end of "
+                 "training", task.name)
+    while signals.received is None and not stopped.wait(POLL_SECS):
+        pass
+    served = time.monotonic() - start_time
+    if not stopped.is_set():
+        name = signal.Signals(signals.received).name
+        logging.info("%s: received %s after %.1f s; exiting", task.name, name, served)
+        return 130 if signals.received == signal.SIGINT else 0
+    logging.info("%s: the chief signalled the end of training after %.1f s; exiting",
+                 task.name, served)
+    return 0

@@ -1,0 +1,209 @@
+"""Building the training graph of one worker and running its training loop.
+
+Between-graph replication: every worker builds the whole graph with its
+variables on the ps tasks (`placement`) and runs its own loop; the chief
+(worker 0) also initialises or restores the model, saves checkpoints and
+summaries, evaluates at the end and shuts the cluster down (`server`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Optional
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel import data as data_lib
+from lowlevel import evaluation, hooks, models, placement
+from lowlevel import server as server_lib
+from lowlevel.cluster import Cluster, Task
+from lowlevel.config import TrainConfig
+
+v1 = tf.compat.v1
+
+# Seconds the chief's session waits for its helper threads (the sync queue
+# runner) at close. They are blocked in the ps's gradient accumulator once the
+# last step is done, and closing the session cancels that wait; the stock 120 s
+# is what made the chief of a sync job linger (tensorflow/tensorflow#7970).
+STOP_GRACE_SECS = 0.25
+
+
+def make_optimizer(name: str, learning_rate: float):
+    """The `tf.compat.v1.train` optimizer called `name` (adagrad, sgd, momentum 0.9, adam)."""
+    if name == "adagrad":
+        return v1.train.AdagradOptimizer(learning_rate)
+    if name == "sgd":
+        return v1.train.GradientDescentOptimizer(learning_rate)
+    if name == "momentum":
+        return v1.train.MomentumOptimizer(learning_rate, momentum=0.9)
+    if name == "adam":
+        return v1.train.AdamOptimizer(learning_rate)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+@dataclasses.dataclass
+class TrainGraph:
+    """What `build` puts in the graph, for one worker."""
+
+    graph: object
+    train_op: object
+    loss: object
+    global_step: object
+    scaffold: object
+    hooks: list
+    progress: hooks.ProgressHook
+    final_eval: Optional[evaluation.FinalEvalHook]
+    shutdown: Optional[server_lib.ShutdownChannel]
+    examples_per_step: int
+
+
+def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
+          task: Task, worker_gpu: int) -> TrainGraph:
+    """Builds worker `task`'s training graph (the in-process one with `cluster=None`)."""
+    num_workers = cluster.num_workers if cluster else 1
+    sync = bool(config.sync and cluster)
+    replicas = config.replicas_to_aggregate or num_workers
+    hidden = config.hidden_units
+
+    def model_fn(images):
+        return models.build(config.model, images, data.num_classes, hidden, config.seed)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(config.seed)
+        device = None
+        if cluster:
+            sizes = placement.measure_variables(
+                lambda: model_fn(tf.zeros([1, *data.image_shape])))
+            device = placement.device_setter(cluster.as_dict(), task.task_index,
+                                             worker_gpu, sizes)
+        with v1.device(device):
+            global_step = v1.train.get_or_create_global_step()
+            iter_init, feed, (images, labels) = data_lib.train_input(
+                data, config.batch_size, num_workers, task.task_index, config.seed)
+            loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+            opt = make_optimizer(config.optimizer, config.lr)
+            if sync:
+                opt = v1.train.SyncReplicasOptimizer(
+                    opt, replicas_to_aggregate=replicas, total_num_replicas=num_workers)
+            train_op = opt.minimize(loss, global_step=global_step)
+            final_eval = None
+            if task.is_chief:
+                final_eval = evaluation.FinalEvalHook(evaluation.build(
+                    data.test, data.max_value, config.model, data.num_classes, hidden,
+                    config.seed))
+            shutdown = server_lib.ShutdownChannel(cluster.num_ps) if cluster else None
+        v1.summary.scalar("loss", loss)
+        v1.summary.scalar("accuracy", accuracy)
+        scaffold = v1.train.Scaffold(
+            local_init_op=tf.group(v1.local_variables_initializer(),
+                                   v1.tables_initializer(), iter_init),
+            local_init_feed_dict=feed,
+            saver=v1.train.Saver(sharded=True, max_to_keep=config.keep_checkpoint_max,
+                                 save_relative_paths=True))
+
+        examples_per_step = config.batch_size * (replicas if sync else 1)
+        summary_dir = config.output_dir if task.is_chief else None
+        progress = hooks.ProgressHook(global_step, loss, examples_per_step,
+                                      config.train_steps, config.log_every_secs, summary_dir)
+        run_hooks = [progress, v1.train.StopAtStepHook(last_step=config.train_steps)]
+        if sync:
+            run_hooks.append(hooks.SyncReplicasHook(opt, task.is_chief))
+        if task.is_chief and config.output_dir:
+            steps = config.save_checkpoint_steps
+            run_hooks += [
+                v1.train.CheckpointSaverHook(
+                    config.output_dir, save_steps=steps,
+                    save_secs=None if steps else config.save_checkpoint_secs,
+                    scaffold=scaffold),
+                v1.train.SummarySaverHook(save_secs=max(config.log_every_secs, 1.0),
+                                          output_dir=config.output_dir, scaffold=scaffold)]
+        if final_eval:
+            run_hooks.append(final_eval)
+    return TrainGraph(graph, train_op, loss, global_step, scaffold, run_hooks, progress,
+                      final_eval, shutdown, examples_per_step)
+
+
+def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
+          task: Task, server=None, session_config=None, worker_gpu: int = 0) -> Optional[dict]:
+    """Runs worker `task` to `config.train_steps`; returns the chief's final metrics.
+
+    The chief's metrics (also written to `<output_dir>/final_metrics.json`):
+    global_step, start_global_step, accuracy, loss (test split),
+    train_examples_per_sec (all workers), wall_seconds (this process's
+    training, session creation to the end of the final evaluation), num_ps,
+    num_workers, sync, model, dataset, batch_size.
+
+    Raises:
+      tf.errors.DeadlineExceededError: a non-chief worker found no ready model
+        within `config.startup_timeout_secs`.
+    """
+    started = time.monotonic()
+    g = build(config, data, cluster, task, worker_gpu)
+    master = server.target if server else ""
+    with g.graph.as_default():
+        if task.is_chief:
+            creator = hooks.ChiefSessionCreator(g.scaffold, master, session_config,
+                                                checkpoint_dir=config.output_dir)
+        else:
+            creator = hooks.WorkerSessionCreator(g.scaffold, master, session_config,
+                                                 max_wait_secs=config.startup_timeout_secs)
+        logging.info("%s: graph built in %.1f s; creating session", task.name,
+                     time.monotonic() - started)
+        with v1.train.MonitoredSession(creator, g.hooks,
+                                       stop_grace_period_secs=STOP_GRACE_SECS) as sess:
+            logging.info("%s: session ready at global step %d after %.1f s%s", task.name,
+                         g.progress.initial_step, time.monotonic() - started,
+                         " (restored from checkpoint)" if task.is_chief and
+                         g.progress.initial_step else "")
+            while not sess.should_stop():
+                sess.run(g.train_op)
+            logging.info("%s: last step done; closing the session", task.name)
+        logging.info("%s: training done at global step %s after %d local steps",
+                     task.name, g.progress.end_step, g.progress.local_steps)
+        metrics = _final_metrics(config, cluster, g, time.monotonic() - started)
+        if task.is_chief and config.output_dir:
+            with open(os.path.join(config.output_dir, "final_metrics.json"), "w") as f:
+                json.dump(metrics, f, indent=2)
+        if cluster:
+            _shut_down(config, cluster, task, g.shutdown, master, session_config)
+    return metrics if task.is_chief else None
+
+
+def _final_metrics(config, cluster, g: TrainGraph, wall_seconds: float) -> dict:
+    result = g.final_eval.result if g.final_eval and g.final_eval.result else {}
+    return {
+        "global_step": g.progress.end_step,
+        "start_global_step": g.progress.initial_step,
+        "accuracy": result.get("accuracy"),
+        "loss": result.get("loss"),
+        "train_examples_per_sec": round(g.progress.examples_per_sec, 1),
+        "wall_seconds": round(wall_seconds, 3),
+        "num_ps": cluster.num_ps if cluster else 0,
+        "num_workers": cluster.num_workers if cluster else 1,
+        "sync": bool(config.sync and cluster),
+        "model": config.model,
+        "dataset": config.dataset,
+        "batch_size": config.batch_size,
+    }
+
+
+def _shut_down(config, cluster: Cluster, task: Task, channel, master, session_config):
+    """Non-chief: report done. Chief: wait for the others, then stop every ps."""
+    with v1.Session(master, config=session_config) as sess:
+        if not task.is_chief:
+            channel.report_done(sess, task.task_index)
+            return
+        others = range(1, cluster.num_workers)
+        missing = channel.wait_for_workers(sess, others, config.shutdown_timeout_secs)
+        if missing:
+            logging.warning("chief: no end-of-training report from %s within %.0f s; "
+                            "stopping the ps tasks anyway",
+                            ", ".join(f"worker{i}" for i in sorted(missing)),
+                            config.shutdown_timeout_secs)
+        channel.stop_ps(sess)
+        logging.info("chief: told %d ps task(s) to exit", cluster.num_ps)
