@@ -1,0 +1,86 @@
+"""The localhost launcher: a whole cluster in one command, no orphans ever."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import clusters
+
+
+def _launch(out, *flags, timeout=240):
+    return subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           *flags], cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _leftovers(out):
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(out) in arg for arg in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.timeout(400)
+def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    first = _launch(out, "--train_steps=400", "--save_checkpoint_steps=100")
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert "[ps0]" in first.stdout and "[worker1]" in first.stdout
+    assert "launch: all 3 tasks exited 0" in first.stdout
+    m1 = clusters.final_metrics(out)
+    assert m1["start_global_step"] == 0 and m1["global_step"] >= 400
+
+    second = _launch(out, "--train_steps=800", "--save_checkpoint_steps=100")
+    assert second.returncode == 0, second.stdout[-4000:]
+    m2 = clusters.final_metrics(out)
+    assert m2["start_global_step"] >= m1["global_step"]  # restored, not started over
+    assert m2["global_step"] >= 800
+    assert "(restored from checkpoint)" in second.stdout
+    assert not _leftovers(out)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_task_stops_the_others_and_the_launcher_fails(tmp_path):
+    out = tmp_path / "fail"
+    result = _launch(out, "--dataset=mnist", f"--data_dir={tmp_path / 'missing'}",
+                     timeout=100)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "exited with status 2; stopping the other tasks" in result.stdout
+    assert "no such directory" in result.stdout
+    assert not _leftovers(out)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_every_task(tmp_path):
+    out = tmp_path / "term"
+    proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                             "--train_steps=1000000"], cwd=clusters.ROOT, env=clusters.ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        seen = ""
+        while "step " not in seen and time.monotonic() < deadline:  # training has begun
+            seen = proc.stdout.readline()
+        assert "step " in seen
+        children = psutil.Process(proc.pid).children()
+        assert len(children) == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive
+        assert not _leftovers(out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in _leftovers(out):
+            p.kill()

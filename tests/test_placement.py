@@ -1,0 +1,110 @@
+import re
+
+import pytest
+import tensorflow as tf
+
+from lowlevel import data as data_lib
+from lowlevel import placement, training
+from lowlevel.cluster import from_flags
+from lowlevel.config import TrainConfig
+
+PS_CPU = re.compile(r"^/job:ps/task:(\d+)/device:CPU:0$")
+
+
+def _graph(num_ps, task_index=1, worker_gpu=0, model="mlp", hidden=(128, 128), data=None,
+           sync=False):
+    ps = ",".join(f"127.0.0.1:{1000 + i}" for i in range(num_ps))
+    cluster, task = from_flags(ps, "127.0.0.1:2000,127.0.0.1:2001", "worker", task_index)
+    config = TrainConfig(model=model, hidden_units=hidden, sync=sync)
+    return training.build(config, data or data_lib.load_digits(), cluster, task, worker_gpu)
+
+
+def _is_compute(op):
+    own = [f"loc:@{op.name}".encode()]
+    return (op.name.split("/")[0] in ("model", "gradients", "SparseSoftmaxCrossEntropyWithLogits")
+            and op.colocation_groups() == own
+            and op.type not in ("VarHandleOp", "ReadVariableOp", "AssignVariableOp",
+                                "VarIsInitializedOp"))
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_variables_on_ps_cpus_and_compute_on_the_worker(sync):
+    g = _graph(num_ps=2, sync=sync)
+    ops = g.graph.get_operations()
+    with g.graph.as_default():
+        global_vars = [v.op for v in tf.compat.v1.global_variables()]
+        local_vars = [v.op for v in tf.compat.v1.local_variables()]
+    assert len(global_vars) > 6  # model, slots, global_step
+    for op in global_vars:
+        assert PS_CPU.match(op.device), (op.name, op.device)
+    for op in local_vars:  # e.g. SyncReplicasOptimizer's local step
+        assert op.device == "/job:worker/task:1/device:CPU:0", (op.name, op.device)
+    compute = [op for op in ops if _is_compute(op)]
+    assert any(op.type == "MatMul" for op in compute)
+    for op in compute:
+        assert op.device == "/job:worker/task:1/device:CPU:0", (op.name, op.device)
+
+
+def test_worker_gpu_pins_compute_to_gpu_task_mod_worker_gpu():
+    g = _graph(num_ps=1, task_index=1, worker_gpu=2, model="cnn", hidden=(64,))
+    compute = [op for op in g.graph.get_operations() if _is_compute(op)]
+    assert {op.type for op in compute} >= {"Conv2D", "MatMul"}
+    for op in compute:
+        assert op.device == "/job:worker/task:1/device:GPU:1", (op.name, op.device)
+    for op in g.graph.get_operations():
+        if op.type == "VarHandleOp":
+            assert op.device == "/job:ps/task:0/device:CPU:0"
+    assert placement.worker_device(0, 1) == "/job:worker/task:0/device:GPU:0"
+    assert placement.worker_device(3, 0) == "/job:worker/task:3/device:CPU:0"
+
+
+def test_plan_gives_the_largest_variable_to_the_least_loaded_ps():
+    sizes = {"a": 10, "b": 7, "c": 6, "d": 5, "e": 4}
+    assert placement.plan(sizes, 2) == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 1}
+    assert placement.plan(sizes, 3) == {"a": 0, "b": 1, "c": 2, "d": 2, "e": 1}
+
+
+def _model_variables(graph):
+    with graph.as_default():
+        return [v.op for v in tf.compat.v1.trainable_variables()]
+
+
+def _ps_loads(graph, num_ps):
+    loads = [0] * num_ps
+    for op in _model_variables(graph):
+        loads[int(PS_CPU.match(op.device).group(1))] += placement.op_bytes(op)
+    return loads
+
+
+def _round_robin_loads(graph, num_ps):
+    sizes = [placement.op_bytes(op) for op in _model_variables(graph)]
+    return [sum(sizes[i::num_ps]) for i in range(num_ps)]
+
+
+@pytest.mark.parametrize("num_ps", [2, 3])
+@pytest.mark.parametrize("model,hidden", [("mlp", (512, 512)), ("cnn", (256,))])
+def test_bytes_are_balanced_across_ps_tasks(num_ps, model, hidden):
+    synthetic = data_lib.synthetic(num_train=64, num_test=16)
+    g = _graph(num_ps, model=model, hidden=hidden, data=synthetic)
+    loads = _ps_loads(g.graph, num_ps)
+    rr = _round_robin_loads(g.graph, num_ps)
+    assert sum(loads) == sum(rr)
+    largest = max(placement.op_bytes(op) for op in _model_variables(g.graph))
+    # LPT: no ps holds more than the largest variable or the mean plus the largest.
+    assert max(loads) <= max(largest, sum(loads) / num_ps + largest)
+    assert max(loads) <= max(rr)
+    assert all(load > 0 for load in loads)
+
+
+def test_graph_loads_follow_the_plan_exactly():
+    synthetic = data_lib.synthetic(num_train=64, num_test=16)
+    g = _graph(2, hidden=(512, 512), data=synthetic)
+    # 784x512 alone on one ps; 512x512, 512x10 and the biases on the other.
+    assert sorted(_ps_loads(g.graph, 2)) == [4 * (512 * 512 + 512 * 10 + 512 + 512 + 10),
+                                             4 * 784 * 512]
+
+
+def test_op_bytes_of_a_variable():
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("v", [3, 5], tf.float32)
+        assert placement.op_bytes(v.op) == 60

@@ -1,0 +1,111 @@
+"""Real clusters on free loopback ports: ps tasks through pytest-xprocess, workers as
+subprocesses. Every process must exit 0 by itself."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from xprocess import ProcessStarter
+
+import clusters
+
+TRAIN_FLAGS = ["--train_steps=1500", "--batch_size=64", "--log_every_secs=1"]
+
+
+def _start_ps(xprocess, name, argv):
+    class Starter(ProcessStarter):
+        pattern = "serving variables"
+        args = argv
+        timeout = 120
+        env = clusters.ENV
+        popen_kwargs = {"cwd": clusters.ROOT}
+        terminate_on_interrupt = True
+
+    xprocess.ensure(name, Starter, restart=True)
+    return xprocess.resources[-1].popen, xprocess.getinfo(name).logpath
+
+
+def run_cluster(xprocess, ports, tmp_path, *flags, num_workers=2, timeout_secs=240):
+    """Runs 1 ps + num_workers workers to the end; returns (statuses, logs, output_dir)."""
+    p = ports(1 + num_workers)
+    ps_hosts = [f"127.0.0.1:{p[0]}"]
+    worker_hosts = [f"127.0.0.1:{port}" for port in p[1:]]
+    out = str(tmp_path / "out")
+    common = [f"--output_dir={out}", *TRAIN_FLAGS, *flags]
+    procs, logs = {}, {}
+    procs["ps0"], logs["ps0"] = _start_ps(
+        xprocess, f"ps-{p[0]}", clusters.trainer_argv(ps_hosts, worker_hosts, "ps", 0, *common))
+    for i in range(num_workers):
+        logs[f"worker{i}"] = str(tmp_path / f"worker{i}.log")
+        procs[f"worker{i}"] = clusters.start(
+            clusters.trainer_argv(ps_hosts, worker_hosts, "worker", i, *common),
+            logs[f"worker{i}"])
+    statuses = clusters.wait_all(procs, timeout_secs)
+    return statuses, logs, out
+
+
+def _assert_clean_end(statuses, logs):
+    for name, (code, _) in statuses.items():
+        assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"
+    last_step = min(clusters.last_step_time(logs[n]) for n in logs if n.startswith("worker"))
+    for name, (_, exited) in statuses.items():
+        lag = (exited - last_step).total_seconds()
+        assert lag <= 10, f"{name} exited {lag:.1f} s after the last step"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path, mode):
+    flags = ["--sync"] if mode == "sync" else []
+    statuses, logs, out = run_cluster(xprocess, ports, tmp_path, *flags)
+    _assert_clean_end(statuses, logs)
+    metrics = clusters.final_metrics(out)
+    assert metrics["accuracy"] >= 0.9, metrics
+    assert metrics["sync"] == (mode == "sync")
+    assert (metrics["num_ps"], metrics["num_workers"]) == (1, 2)
+    assert metrics["train_examples_per_sec"] > 0
+    if mode == "sync":  # the chief's queue runner stops at exactly the last step
+        assert metrics["global_step"] == 1500
+    else:  # async workers may each finish one step in flight
+        assert 1500 <= metrics["global_step"] <= 1501
+    # The chief's last stdout line is the metrics JSON.
+    last = [l for l in open(logs["worker0"]).read().splitlines() if l.strip()][-1]
+    assert json.loads(last) == metrics
+    assert "the chief signalled the end of training" in open(logs["ps0"]).read()
+    worker1 = open(logs["worker1"]).read()
+    ready = [l for l in worker1.splitlines() if "session ready" in l]
+    assert ready, worker1  # the non-chief got a session without the stock 30 s wait
+    assert float(ready[0].split(" after ")[1].split(" s")[0]) < 20
+
+
+@pytest.mark.timeout(120)
+def test_in_process_training_reaches_accuracy(tmp_path):
+    out = tmp_path / "local"
+    result = subprocess.run(
+        [sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}", "--train_steps=600"],
+        cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert metrics["accuracy"] >= 0.9 and metrics["num_ps"] == 0
+    assert metrics["global_step"] == 600
+    assert os.path.exists(out / "checkpoint") and os.path.exists(out / "final_metrics.json")
+    # C++ start-up noise is off by default.
+    assert "oneDNN" not in result.stderr and "cpu_feature_guard" not in result.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,needle", [
+    (["--batch_size=0"], "--batch_size=0"),
+    (["--model=resnet"], "--model=resnet"),
+    (["--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"], "--job_name is required"),
+    (["--ps_hosts=127.0.0.1", "--worker_hosts=127.0.0.1:2", "--job_name=ps"], "host:port"),
+    (["--no_such_flag=1"], "no_such_flag"),
+])
+def test_usage_errors_are_one_line_and_exit_2(flags, needle):
+    result = subprocess.run([sys.executable, "-m", "lowlevel.trainer", *flags],
+                            cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
+                            text=True, timeout=50)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr and "Traceback" not in result.stderr
