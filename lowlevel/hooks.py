@@ -6,16 +6,23 @@
   (tensorflow/tensorflow#10679; `MonitoredTrainingSession` in 2.21 has no
   argument for it). These poll every `RECOVERY_WAIT_SECS` instead, as
   TensorFlow's own `mnist_replica.py` does with its 1 s.
+- Both creators bound the final `Session.close()` to `CLOSE_TIMEOUT_SECS`: a
+  distributed session's close sometimes blocks for several seconds in
+  TF_CloseSession after the work is done (tensorflow/tensorflow#21745; seen
+  here for 4-37 s), and the ps tasks may have exited by then. The end-of-
+  training handshake has run before the close (`server.ShutdownHook`) and
+  the process is exiting, so the close is left to finish, or not, in a
+  daemon thread.
 - `SyncReplicasHook`: `SyncReplicasOptimizer`'s own hook, except that the
-  chief's queue runner treats the cancellation of its blocked step at session
-  close as the end of training, instead of dying with a CancelledError
-  traceback (the stock hook's runner counts only OutOfRangeError).
+  chief's sync loop ends by itself at the last step instead of blocking in
+  the ps's accumulators until its session is cancelled.
 - `ProgressHook`: progress lines, examples/sec summaries and the throughput
   figures of the final metrics.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Optional
 
@@ -25,6 +32,24 @@ from absl import logging
 v1 = tf.compat.v1
 
 RECOVERY_WAIT_SECS = 0.5
+CLOSE_TIMEOUT_SECS = 2.0
+
+
+def _bounded_close(sess):
+    """Makes `sess.close()` return after at most `CLOSE_TIMEOUT_SECS` seconds."""
+    close = sess.close
+
+    def bounded():
+        t = threading.Thread(target=close, name="session_close", daemon=True)
+        t.start()
+        t.join(CLOSE_TIMEOUT_SECS)
+        if t.is_alive():
+            logging.info("session close unfinished after %.0f s (the ps tasks may have exited "
+                         "already; tensorflow/tensorflow#21745); not waiting for it",
+                         CLOSE_TIMEOUT_SECS)
+
+    sess.close = bounded
+    return sess
 
 
 def _session_manager(scaffold):
@@ -40,6 +65,9 @@ def _session_manager(scaffold):
 class ChiefSessionCreator(v1.train.ChiefSessionCreator):
     """Initialises the model, or restores it from the newest checkpoint in `checkpoint_dir`."""
 
+    def create_session(self):
+        return _bounded_close(super().create_session())
+
     def _get_session_manager(self):
         if not self._session_manager:
             self._session_manager = _session_manager(self._scaffold)
@@ -53,6 +81,9 @@ class WorkerSessionCreator(v1.train.WorkerSessionCreator):
       tf.errors.DeadlineExceededError: not ready after `max_wait_secs` seconds.
     """
 
+    def create_session(self):
+        return _bounded_close(super().create_session())
+
     def _get_session_manager(self):
         if not self._session_manager:
             self._session_manager = _session_manager(self._scaffold)
@@ -60,45 +91,64 @@ class WorkerSessionCreator(v1.train.WorkerSessionCreator):
 
 
 class SyncReplicasHook(v1.train.SessionRunHook):
-    """Initialises a `SyncReplicasOptimizer` and runs the chief's queue runner.
+    """Initialises a `SyncReplicasOptimizer` and, on the chief, runs its sync loop.
 
-    The chief's runner repeatedly runs the optimizer's sync op: wait for
+    The chief's loop runs the optimizer's sync op: wait for
     `replicas_to_aggregate` gradients in the ps's accumulators, apply their
-    mean, bump global_step, and put one token per worker in the token queue.
-    After the last step it waits in the accumulator forever; the chief's
-    session close cancels that wait, which this runner takes as its end.
+    mean, bump global_step and put one token per worker in the token queue.
+    The stock queue runner keeps calling it after the last step, where it
+    blocks in the accumulators until its session is closed and the close
+    cancels it — the hang of tensorflow/tensorflow#7970, and the reason a sync
+    chief's close could take many seconds. This loop stops by itself once
+    global_step reaches `last_step` (only the sync op moves global_step in sync
+    mode), so nothing is left blocked.
 
     Args:
       sync_optimizer: the optimizer, after `minimize`/`apply_gradients`.
       is_chief: whether this worker is the chief.
+      global_step: the global step variable.
+      last_step: the step training stops at.
       num_tokens: tokens put in the queue at start; -1: `replicas_to_aggregate`.
     """
 
-    def __init__(self, sync_optimizer, is_chief: bool, num_tokens: int = -1):
+    def __init__(self, sync_optimizer, is_chief: bool, global_step, last_step: int,
+                 num_tokens: int = -1):
         self._opt = sync_optimizer
         self._is_chief = is_chief
+        self._global_step = global_step
+        self._last_step = last_step
         self._num_tokens = num_tokens
 
     def begin(self):
         opt = self._opt
-        self._init_tokens_op = self._q_runner = None
+        self._init_tokens_op = self._sync_op = None
         if not self._is_chief:
             self._local_init_op = opt.local_step_init_op
             return
         self._local_init_op = opt.chief_init_op
         self._init_tokens_op = opt.get_init_tokens_op(self._num_tokens)
-        stock = opt.get_chief_queue_runner()
-        self._q_runner = v1.train.queue_runner.QueueRunner(
-            stock.queue, stock.enqueue_ops, stock.close_op, stock.cancel_op,
-            queue_closed_exception_types=(tf.errors.OutOfRangeError,
-                                          tf.errors.CancelledError))
+        (self._sync_op,) = opt.get_chief_queue_runner().enqueue_ops
 
     def after_create_session(self, session, coord):
         session.run(self._local_init_op)
-        if self._init_tokens_op is not None:
-            session.run(self._init_tokens_op)
-        if self._q_runner is not None:
-            self._q_runner.create_threads(session, coord=coord, daemon=True, start=True)
+        if self._init_tokens_op is None:
+            return
+        session.run(self._init_tokens_op)
+        thread = threading.Thread(target=self._sync_loop, args=(session, coord),
+                                  name="sync_replicas_chief", daemon=True)
+        coord.register_thread(thread)
+        thread.start()
+
+    def _sync_loop(self, session, coord):
+        try:
+            while not coord.should_stop():
+                if session.run(self._global_step) >= self._last_step:
+                    return
+                session.run(self._sync_op)
+        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+            return
+        except Exception as e:  # noqa: BLE001 - handed to the coordinator
+            coord.request_stop(e)
 
 
 class ProgressHook(v1.train.SessionRunHook):

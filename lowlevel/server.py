@@ -32,6 +32,10 @@ from lowlevel.cluster import PS, Cluster, Task
 v1 = tf.compat.v1
 
 POLL_SECS = 0.5  # how often a waiting loop checks for signals and deadlines
+# After the chief's stop signal a ps keeps serving this long, so that the
+# clean-up calls of sessions closing at that moment (the chief's among them)
+# still reach it instead of logging "Cleanup partition error: UNAVAILABLE".
+LINGER_SECS = 0.5
 
 
 def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
@@ -119,6 +123,43 @@ class ShutdownChannel:
                 logging.warning("could not reach ps%d to stop it: %s", k, e.message)
 
 
+class ShutdownHook(v1.train.SessionRunHook):
+    """Runs the end-of-training handshake in the worker's own session, at its end.
+
+    It is the last hook, so it runs after the chief's final checkpoint and
+    evaluation, and before the session is closed: no new session is needed
+    (creating one can wait seconds behind the closing one's clean-up,
+    tensorflow/tensorflow#21745).
+
+    Args:
+      channel: the `ShutdownChannel` in the graph.
+      task: this worker.
+      num_workers: workers in the cluster.
+      timeout_secs: how long the chief waits for the other workers' reports.
+    """
+
+    def __init__(self, channel: ShutdownChannel, task: Task, num_workers: int,
+                 timeout_secs: float):
+        self._channel = channel
+        self._task = task
+        self._num_workers = num_workers
+        self._timeout_secs = timeout_secs
+
+    def end(self, session):
+        if not self._task.is_chief:
+            self._channel.report_done(session, self._task.task_index)
+            return
+        missing = self._channel.wait_for_workers(session, range(1, self._num_workers),
+                                                 self._timeout_secs)
+        if missing:
+            logging.warning("chief: no end-of-training report from %s within %.0f s; "
+                            "stopping the ps tasks anyway",
+                            ", ".join(f"worker{i}" for i in sorted(missing)),
+                            self._timeout_secs)
+        self._channel.stop_ps(session)
+        logging.info("chief: told %d ps task(s) to exit", self._channel.num_ps)
+
+
 class _Signals:
     """Records SIGTERM/SIGINT instead of dying inside a blocking TensorFlow call."""
 
@@ -165,4 +206,5 @@ def run_std_server(server, task: Task, config=None) -> int:
         return 130 if signals.received == signal.SIGINT else 0
     logging.info("%s: the chief signalled the end of training after %.1f s; exiting",
                  task.name, served)
+    time.sleep(LINGER_SECS)
     return 0

@@ -25,11 +25,10 @@ from lowlevel.config import TrainConfig
 
 v1 = tf.compat.v1
 
-# Seconds the chief's session waits for its helper threads (the sync queue
-# runner) at close. They are blocked in the ps's gradient accumulator once the
-# last step is done, and closing the session cancels that wait; the stock 120 s
-# is what made the chief of a sync job linger (tensorflow/tensorflow#7970).
-STOP_GRACE_SECS = 0.25
+# Seconds a session waits for its helper threads (the chief's sync loop) at
+# close; the stock 120 s is what made a stuck sync chief linger
+# (tensorflow/tensorflow#7970). Ours end by themselves at the last step.
+STOP_GRACE_SECS = 2.0
 
 
 def make_optimizer(name: str, learning_rate: float):
@@ -112,7 +111,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                       config.train_steps, config.log_every_secs, summary_dir)
         run_hooks = [progress, v1.train.StopAtStepHook(last_step=config.train_steps)]
         if sync:
-            run_hooks.append(hooks.SyncReplicasHook(opt, task.is_chief))
+            run_hooks.append(hooks.SyncReplicasHook(opt, task.is_chief, global_step,
+                                                    config.train_steps))
         if task.is_chief and config.output_dir:
             steps = config.save_checkpoint_steps
             run_hooks += [
@@ -124,6 +124,9 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                           output_dir=config.output_dir, scaffold=scaffold)]
         if final_eval:
             run_hooks.append(final_eval)
+        if shutdown:  # last: after the final checkpoint and evaluation
+            run_hooks.append(server_lib.ShutdownHook(shutdown, task, num_workers,
+                                                     config.shutdown_timeout_secs))
     return TrainGraph(graph, train_op, loss, global_step, scaffold, run_hooks, progress,
                       final_eval, shutdown, examples_per_step)
 
@@ -169,8 +172,6 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         if task.is_chief and config.output_dir:
             with open(os.path.join(config.output_dir, "final_metrics.json"), "w") as f:
                 json.dump(metrics, f, indent=2)
-        if cluster:
-            _shut_down(config, cluster, task, g.shutdown, master, session_config)
     return metrics if task.is_chief else None
 
 
@@ -190,20 +191,3 @@ def _final_metrics(config, cluster, g: TrainGraph, wall_seconds: float) -> dict:
         "dataset": config.dataset,
         "batch_size": config.batch_size,
     }
-
-
-def _shut_down(config, cluster: Cluster, task: Task, channel, master, session_config):
-    """Non-chief: report done. Chief: wait for the others, then stop every ps."""
-    with v1.Session(master, config=session_config) as sess:
-        if not task.is_chief:
-            channel.report_done(sess, task.task_index)
-            return
-        others = range(1, cluster.num_workers)
-        missing = channel.wait_for_workers(sess, others, config.shutdown_timeout_secs)
-        if missing:
-            logging.warning("chief: no end-of-training report from %s within %.0f s; "
-                            "stopping the ps tasks anyway",
-                            ", ".join(f"worker{i}" for i in sorted(missing)),
-                            config.shutdown_timeout_secs)
-        channel.stop_ps(sess)
-        logging.info("chief: told %d ps task(s) to exit", cluster.num_ps)

@@ -12,7 +12,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
-LOG_TIME = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) .*last step done")
+LOG_TIME = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) ")
 
 
 def trainer_argv(ps_hosts, worker_hosts, job_name, task_index, *flags):
@@ -49,15 +49,20 @@ def wait_all(procs: dict, timeout_secs: float) -> dict:
     return done
 
 
-def last_step_time(log_path) -> datetime.datetime:
-    """When a worker logged its last step (absl log line time, today's date)."""
+def log_time(log_path, needle) -> datetime.datetime:
+    """The time of the first absl log line holding `needle` (today's date)."""
     with open(log_path) as f:
         for line in f:
             m = LOG_TIME.match(line)
-            if m:
+            if m and needle in line:
                 t = datetime.datetime.strptime(m.group(1), "%H:%M:%S.%f").time()
                 return datetime.datetime.combine(datetime.date.today(), t)
-    raise AssertionError(f"no 'last step done' line in {log_path}:\n{open(log_path).read()}")
+    raise AssertionError(f"no {needle!r} line in {log_path}:\n{tail(log_path)}")
+
+
+def last_step_time(log_path) -> datetime.datetime:
+    """When a worker logged the end of its training loop."""
+    return log_time(log_path, "last step done")
 
 
 def final_metrics(output_dir) -> dict:
