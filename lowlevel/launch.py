@@ -116,9 +116,10 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
         if line is None and name is not None:
             open_streams.discard(name)
         elif line is not None:
-            match = PROGRESS.search(line) if name == "worker0" else None
-            if progress is not None and match:
-                progress.update(match)
+            match = PROGRESS.search(line) if progress is not None else None
+            if match:  # the bar replaces the workers' progress lines
+                if name == "worker0":
+                    progress.update(match)
             else:
                 _write(f"[{name}] {line}", progress, sup.out)
         for task, proc in sup.procs.items():
@@ -129,7 +130,7 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
                        progress, sup.out)
                 sup.stop(stop_timeout_secs)
     if progress is not None:
-        progress.close()
+        progress.close(complete=not failed)
     return 1 if failed else 0
 
 
@@ -138,19 +139,24 @@ class Progress:
 
     def __init__(self):
         from tqdm import tqdm
-        self._bar = tqdm(total=1, unit="step", dynamic_ncols=True, leave=True)
+        self._bar = tqdm(total=1, unit="step", dynamic_ncols=True, leave=True,
+                         bar_format="{l_bar}{bar}| step {n}/{total} [{elapsed}<{remaining}"
+                                    "{postfix}]")
 
     def update(self, match) -> None:
         step, total = int(match.group(1)), int(match.group(2))
         self._bar.total = total
         self._bar.n = min(step, total)
-        self._bar.set_postfix_str(f"{match.group(5)} steps/s, loss {match.group(3)}",
-                                  refresh=True)
+        self._bar.set_postfix_str(f"{match.group(5)} steps/s, {match.group(4)} examples/s, "
+                                  f"loss {match.group(3)}", refresh=True)
 
     def write(self, text: str) -> None:
         self._bar.write(text)
 
-    def close(self) -> None:
+    def close(self, complete: bool) -> None:
+        if complete:
+            self._bar.n = self._bar.total
+            self._bar.refresh()
         self._bar.close()
 
 
