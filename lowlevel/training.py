@@ -49,7 +49,7 @@ class TrainGraph:
     """What `build` puts in the graph, for one worker."""
 
     graph: object
-    train_op: object
+    train_op: object  # int64 scalar: the global step read after this step's update
     loss: object
     global_step: object
     scaffold: object
@@ -89,7 +89,12 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             if sync:
                 opt = v1.train.SyncReplicasOptimizer(
                     opt, replicas_to_aggregate=replicas, total_num_replicas=num_workers)
-            train_op = opt.minimize(loss, global_step=global_step)
+            update = opt.minimize(loss, global_step=global_step)
+            # Fetching the step read *after* the update lets a worker stop as soon
+            # as the last step is done; StopAtStepHook alone reads it before the
+            # update and lets async workers run a few steps past the end.
+            with tf.control_dependencies([update]):
+                train_op = global_step.read_value()
             final_eval = None
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(evaluation.build(
@@ -164,7 +169,8 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                          " (restored from checkpoint)" if task.is_chief and
                          g.progress.initial_step else "")
             while not sess.should_stop():
-                sess.run(g.train_op)
+                if sess.run(g.train_op) >= config.train_steps:
+                    break
             logging.info("%s: last step done; closing the session", task.name)
         logging.info("%s: training done at global step %s after %d local steps",
                      task.name, g.progress.end_step, g.progress.local_steps)

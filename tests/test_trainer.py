@@ -68,7 +68,7 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     assert metrics["train_examples_per_sec"] > 0
     if mode == "sync":  # the chief's queue runner stops at exactly the last step
         assert metrics["global_step"] == 1500
-    else:  # async workers may each finish one step in flight
+    else:  # the other worker may finish the one step it has in flight
         assert 1500 <= metrics["global_step"] <= 1501
     # The chief's last stdout line is the metrics JSON.
     last = [l for l in open(logs["worker0"]).read().splitlines() if l.strip()][-1]
