@@ -56,7 +56,6 @@ class TrainGraph:
     hooks: list
     progress: hooks.ProgressHook
     final_eval: Optional[evaluation.FinalEvalHook]
-    shutdown: Optional[server_lib.ShutdownChannel]
     examples_per_step: int
 
 
@@ -133,7 +132,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             run_hooks.append(server_lib.ShutdownHook(shutdown, task, num_workers,
                                                      config.shutdown_timeout_secs))
     return TrainGraph(graph, train_op, loss, global_step, scaffold, run_hooks, progress,
-                      final_eval, shutdown, examples_per_step)
+                      final_eval, examples_per_step)
 
 
 def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -142,8 +141,8 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
 
     The chief's metrics (also written to `<output_dir>/final_metrics.json`):
     global_step, start_global_step, accuracy, loss (test split),
-    train_examples_per_sec (all workers), wall_seconds (this process's
-    training, session creation to the end of the final evaluation), num_ps,
+    train_examples_per_sec (all workers), wall_seconds (from building the
+    graph to the end of the final evaluation and shutdown handshake), num_ps,
     num_workers, sync, model, dataset, batch_size.
 
     Raises:
@@ -172,6 +171,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 if sess.run(g.train_op) >= config.train_steps:
                     break
             logging.info("%s: last step done; closing the session", task.name)
+        v1.summary.FileWriterCache.clear()  # flush and close the summary writers
         logging.info("%s: training done at global step %s after %d local steps",
                      task.name, g.progress.end_step, g.progress.local_steps)
         metrics = _final_metrics(config, cluster, g, time.monotonic() - started)

@@ -46,6 +46,17 @@ def run_cluster(xprocess, ports, tmp_path, *flags, num_workers=2, timeout_secs=2
     return statuses, logs, out
 
 
+def _summary_tags(output_dir):
+    import glob
+
+    import tensorflow as tf
+    tags = set()
+    for path in glob.glob(os.path.join(output_dir, "events.out.tfevents*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags.update(v.tag for v in event.summary.value)
+    return tags
+
+
 def _assert_clean_end(statuses, logs):
     for name, (code, _) in statuses.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"
@@ -74,6 +85,10 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     last = [l for l in open(logs["worker0"]).read().splitlines() if l.strip()][-1]
     assert json.loads(last) == metrics
     assert "the chief signalled the end of training" in open(logs["ps0"]).read()
+    assert _summary_tags(out) >= {"loss", "accuracy", "examples_per_sec"}
+    import tensorflow as tf
+    final_checkpoint = tf.train.latest_checkpoint(out)
+    assert final_checkpoint and int(final_checkpoint.rsplit("-", 1)[1]) >= 1500
     # The non-chief starts within 2 s of the chief having the model ready (the
     # stock session manager would sleep 30 s). The chief logs "session ready"
     # after its hooks' set-up, so this measures from a little after "ready".
