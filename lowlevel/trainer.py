@@ -133,11 +133,10 @@ def main(argv) -> int:
     worker_gpu = config.worker_gpu
     if worker_gpu is None:
         worker_gpu = len(tf.config.list_physical_devices("GPU"))
-    logging.info("%s: %s on %s (%d train / %d test examples), %s, %s workers, %s ps",
-                 task.name, config.model, data.name, len(data.train), len(data.test),
-                 "sync" if config.sync and cluster else "async",
-                 cluster.num_workers if cluster else "in-process, 1", 
-                 cluster.num_ps if cluster else 0)
+    shape = (f"{cluster.num_ps} ps + {cluster.num_workers} workers, "
+             f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
+    logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name, config.model,
+                 data.name, len(data.train), len(data.test), shape)
     metrics = training.train(config, data, cluster, task, server, session_config, worker_gpu)
     if metrics is not None:
         line = json.dumps(metrics)
