@@ -7,7 +7,8 @@ cluster itself, with two queues that live in the ps tasks' resource managers
 (shared by name, so every session that builds them gets the same queue):
 
 - `lowlevel/workers_done` on ps 0: each non-chief worker enqueues its
-  task_index when its training loop has ended and its session is closed;
+  task_index when its training loop has ended (in `ShutdownHook.end`, the
+  last thing its session runs);
 - `lowlevel/stop_ps<K>` on ps K: the chief enqueues one element when it has
   saved the final checkpoint, evaluated and heard from every worker (or its
   `shutdown_timeout_secs` ran out). ps K waits on it and exits 0.

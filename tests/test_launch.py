@@ -1,7 +1,5 @@
 """The localhost launcher: a whole cluster in one command, no orphans ever."""
 
-import json
-import os
 import signal
 import subprocess
 import sys
