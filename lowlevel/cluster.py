@@ -1,97 +1,47 @@
-"""The cluster and this process's task in it: parsing, roles and validation.
+"""The cluster and this process's task in it, from flags or `TF_CONFIG`.
 
-A cluster has a `ps` job (parameter servers, which hold the variables) and a
-`worker` job (which compute). Worker 0 is the chief: it initialises or
-restores the model, saves checkpoints and summaries, evaluates at the end and
-tells the ps tasks to exit. No TensorFlow import here: `Cluster.as_dict()` is
-what `tf.train.ClusterSpec` takes.
+A cluster has a `ps` job (parameter servers, which hold the variables) and
+the training tasks: a `worker` job and, optionally, a `chief` job of one task
+(`master` in tensor2tensor's and Estimator's `TF_CONFIG`). The chief
+initialises or restores the model, saves checkpoints and summaries, evaluates
+at the end and tells the ps tasks to exit; without a `chief` job, worker 0 is
+the chief. An `evaluator` task is not part of the cluster a server is built
+with: it runs locally and talks to no other task.
+
+No TensorFlow import here: `Cluster.as_dict()` is what
+`tf.train.ClusterSpec` takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import os
 import socket
 from typing import Optional
 
 from lowlevel.config import UsageError
 
-PS, WORKER = "ps", "worker"
-JOBS = (PS, WORKER)
+PS, WORKER, CHIEF, EVALUATOR = "ps", "worker", "chief", "evaluator"
+JOBS = (CHIEF, WORKER, PS, EVALUATOR)
+ALIASES = {"master": CHIEF}  # tensor2tensor's and Estimator's name for the chief
 
 
 def parse_hosts(value: str, flag: str) -> tuple[str, ...]:
     """Parses a comma-separated `host:port` list, e.g. "127.0.0.1:2222,127.0.0.1:2223".
 
     Raises:
-      UsageError: an entry is not host:port, the port is not 1-65535, or an
-        address appears twice.
+      UsageError: an entry is not host:port or its port is not 1-65535.
     """
     hosts = tuple(h.strip() for h in value.split(",") if h.strip())
     for host in hosts:
         name, sep, port = host.rpartition(":")
         if not sep or not name or not port.isdigit():
-            raise UsageError(f"--{flag}: '{host}' is not host:port (e.g. 127.0.0.1:2222)")
+            raise UsageError(f"{flag}: '{host}' is not host:port (e.g. 127.0.0.1:2222)")
         if not 1 <= int(port) <= 65535:
-            raise UsageError(f"--{flag}: port {port} in '{host}' is out of range 1-65535")
+            raise UsageError(f"{flag}: port {port} in '{host}' is out of range 1-65535")
     return hosts
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """The addresses of every task, by job.
-
-    Attributes:
-      ps_hosts: `host:port` of each ps task, in task_index order.
-      worker_hosts: `host:port` of each worker task; worker 0 is the chief.
-    """
-
-    ps_hosts: tuple[str, ...]
-    worker_hosts: tuple[str, ...]
-
-    def __post_init__(self):
-        if not self.worker_hosts:
-            raise UsageError("--worker_hosts: a cluster needs at least one worker")
-        if not self.ps_hosts:
-            raise UsageError("--ps_hosts: a cluster needs at least one ps task to hold "
-                             "the variables (omit both host flags to train in-process)")
-        seen = {}
-        for job, hosts in ((PS, self.ps_hosts), (WORKER, self.worker_hosts)):
-            for i, host in enumerate(hosts):
-                if host in seen:
-                    raise UsageError(
-                        f"address {host} is given twice ({seen[host]} and {job}{i}); "
-                        "every task needs its own port")
-                seen[host] = f"{job}{i}"
-
-    @property
-    def num_ps(self) -> int:
-        return len(self.ps_hosts)
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.worker_hosts)
-
-    def hosts(self, job_name: str) -> tuple[str, ...]:
-        return self.ps_hosts if job_name == PS else self.worker_hosts
-
-    def as_dict(self) -> dict[str, list[str]]:
-        """The `{"ps": [...], "worker": [...]}` mapping `tf.train.ClusterSpec` takes."""
-        spec = {WORKER: list(self.worker_hosts)}
-        if self.ps_hosts:
-            spec[PS] = list(self.ps_hosts)
-        return spec
-
-    def tasks_on_host_of(self, job_name: str, task_index: int) -> int:
-        """How many tasks of the cluster share the machine of the given task.
-
-        Loopback names (localhost, 127.0.0.0/8, ::1) and this machine's own
-        hostname count as one machine. Used to share the cores fairly.
-        """
-        mine = _machine(self.hosts(job_name)[task_index].rpartition(":")[0])
-        return sum(_machine(h.rpartition(":")[0]) == mine
-                   for h in self.ps_hosts + self.worker_hosts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,16 +49,29 @@ class Task:
     """This process's place in the cluster.
 
     Attributes:
-      job_name: "ps" or "worker".
+      job_name: "chief", "worker", "ps" or "evaluator".
       task_index: index within the job, from 0.
+      chief_job: whether the cluster has a separate `chief` job (then worker 0
+        is an ordinary worker).
     """
 
     job_name: str
     task_index: int
+    chief_job: bool = False
 
     @property
     def is_chief(self) -> bool:
-        return self.job_name == WORKER and self.task_index == 0
+        return self.job_name == CHIEF or (
+            self.job_name == WORKER and self.task_index == 0 and not self.chief_job)
+
+    @property
+    def replica_index(self) -> Optional[int]:
+        """Position among the training tasks (chief first), for data shards; None if none."""
+        if self.job_name == CHIEF:
+            return 0
+        if self.job_name == WORKER:
+            return self.task_index + int(self.chief_job)
+        return None
 
     @property
     def name(self) -> str:
@@ -121,36 +84,207 @@ class Task:
         return f"/job:{self.job_name}/task:{self.task_index}"
 
 
-def from_flags(ps_hosts: str, worker_hosts: str, job_name: Optional[str],
-               task_index: int) -> tuple[Optional[Cluster], Task]:
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """The addresses of every task, by job.
+
+    Attributes:
+      ps_hosts: `host:port` of each ps task, in task_index order.
+      worker_hosts: `host:port` of each worker task.
+      chief_hosts: `host:port` of the chief job's task, or () when worker 0 is
+        the chief.
+    """
+
+    ps_hosts: tuple[str, ...]
+    worker_hosts: tuple[str, ...]
+    chief_hosts: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if len(self.chief_hosts) > 1:
+            raise UsageError(f"the chief job has {len(self.chief_hosts)} tasks "
+                             f"({','.join(self.chief_hosts)}); expected one")
+        if not self.worker_hosts and not self.chief_hosts:
+            raise UsageError("--worker_hosts: a cluster needs at least one worker")
+        if not self.ps_hosts:
+            raise UsageError("--ps_hosts: a cluster needs at least one ps task to hold "
+                             "the variables (omit both host flags to train in-process)")
+        seen = {}
+        for job in (CHIEF, PS, WORKER):
+            for i, host in enumerate(self.hosts(job)):
+                if host in seen:
+                    raise UsageError(
+                        f"address {host} is given twice ({seen[host]} and {job}{i}); "
+                        "every task needs its own port")
+                seen[host] = f"{job}{i}"
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.ps_hosts)
+
+    @property
+    def num_workers(self) -> int:
+        """Training tasks: the workers, and the chief when it is a job of its own."""
+        return len(self.worker_hosts) + len(self.chief_hosts)
+
+    def hosts(self, job_name: str) -> tuple[str, ...]:
+        return {PS: self.ps_hosts, WORKER: self.worker_hosts,
+                CHIEF: self.chief_hosts}.get(job_name, ())
+
+    def task(self, job_name: str, task_index: int) -> Task:
+        return Task(job_name, task_index, chief_job=bool(self.chief_hosts))
+
+    def training_tasks(self) -> list[Task]:
+        """The chief and workers in replica order (the chief first)."""
+        return ([self.task(CHIEF, 0)] * len(self.chief_hosts)
+                + [self.task(WORKER, i) for i in range(len(self.worker_hosts))])
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """The `{"chief": [...], "ps": [...], "worker": [...]}` mapping `ClusterSpec` takes."""
+        return {job: list(self.hosts(job)) for job in (CHIEF, PS, WORKER) if self.hosts(job)}
+
+    def tasks_on_host_of(self, job_name: str, task_index: int) -> int:
+        """How many tasks of the cluster share the machine of the given task.
+
+        Loopback names (localhost, 127.0.0.0/8, ::1) and this machine's own
+        hostname count as one machine. Used to share the cores fairly.
+        """
+        mine = _machine(self.hosts(job_name)[task_index].rpartition(":")[0])
+        return sum(_machine(h.rpartition(":")[0]) == mine
+                   for h in self.chief_hosts + self.ps_hosts + self.worker_hosts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterFlags:
+    """The cluster flags as given; None (or "") for a flag not on the command line."""
+
+    ps_hosts: str = ""
+    worker_hosts: str = ""
+    job_name: Optional[str] = None
+    task_index: Optional[int] = None
+
+
+def from_flags(flags: ClusterFlags) -> tuple[Optional[Cluster], Optional[Task]]:
     """Builds the cluster and this task from the classic flags.
 
-    With neither `ps_hosts` nor `worker_hosts` the result is (None, chief):
-    in-process training with no servers.
+    Returns (None, None) with no host flags and no --job_name (in-process
+    training), and (None, evaluator) for `--job_name=evaluator` alone.
 
     Raises:
       UsageError: a malformed address, a job not in the cluster, a task_index
         out of range, or a missing --job_name.
     """
-    if not ps_hosts and not worker_hosts:
-        if job_name == PS:
-            raise UsageError("--job_name=ps needs --ps_hosts and --worker_hosts")
-        return None, Task(WORKER, 0)
-    cluster = Cluster(parse_hosts(ps_hosts or "", "ps_hosts"),
-                      parse_hosts(worker_hosts or "", "worker_hosts"))
-    if not job_name:
+    job = ALIASES.get(flags.job_name, flags.job_name)
+    if job is not None and job not in JOBS:
+        raise UsageError(f"--job_name={flags.job_name}: expected one of {', '.join(JOBS)}")
+    if not flags.ps_hosts and not flags.worker_hosts:
+        if job in (PS, WORKER, CHIEF):
+            raise UsageError(f"--job_name={flags.job_name} needs --ps_hosts and --worker_hosts")
+        return None, _evaluator(flags.task_index, "--task_index") if job else None
+    cluster = Cluster(parse_hosts(flags.ps_hosts, "--ps_hosts"),
+                      parse_hosts(flags.worker_hosts, "--worker_hosts"))
+    if not job:
         raise UsageError("--job_name is required with --ps_hosts/--worker_hosts: "
                          f"expected one of {', '.join(JOBS)}")
-    if job_name not in JOBS:
-        raise UsageError(f"--job_name={job_name}: expected one of {', '.join(JOBS)}")
-    hosts = cluster.hosts(job_name)
+    if job == EVALUATOR:
+        return cluster, _evaluator(flags.task_index, "--task_index")
+    return cluster, _task(cluster, job, flags.task_index or 0, "--job_name", "--task_index")
+
+
+def from_tf_config(text: str) -> tuple[Cluster, Task]:
+    """Parses a `TF_CONFIG` value: `{"cluster": {job: [host:port, ...]}, "task": {"type", "index"}}`.
+
+    Job types: chief (or master), worker, ps, evaluator; an optional
+    "environment" key is ignored. An "evaluator" job in "cluster" is dropped
+    from the `Cluster` (an evaluator talks to no task).
+
+    Raises:
+      UsageError: not JSON, "cluster" or "task" missing or malformed, an
+        unknown job type, a bad address, or a task not in the cluster.
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"TF_CONFIG is not JSON ({e.msg} at character {e.pos}): {text[:80]!r}")
+    if not isinstance(value, dict):
+        raise UsageError(f"TF_CONFIG: expected a JSON object with \"cluster\" and \"task\", "
+                         f"got {text[:80]!r}")
+    spec, task = value.get("cluster"), value.get("task")
+    if not isinstance(spec, dict) or not spec:
+        raise UsageError('TF_CONFIG lacks "cluster": expected e.g. {"cluster": {"ps": '
+                         '["host:2222"], "worker": ["host:2223"]}, "task": {...}}')
+    if not isinstance(task, dict) or "type" not in task:
+        raise UsageError('TF_CONFIG lacks "task": expected e.g. "task": {"type": "worker", '
+                         '"index": 0}')
+    hosts = {}
+    for job, addresses in spec.items():
+        name = ALIASES.get(job, job)
+        if name not in JOBS:
+            raise UsageError(f"TF_CONFIG: cluster job '{job}' is unknown; expected "
+                             f"{', '.join(JOBS)} or master")
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+            raise UsageError(f"TF_CONFIG: cluster.{job} must be a list of \"host:port\" strings")
+        hosts[name] = parse_hosts(",".join(addresses), f"TF_CONFIG cluster.{job}")
+    cluster = Cluster(hosts.get(PS, ()), hosts.get(WORKER, ()), hosts.get(CHIEF, ()))
+    job = ALIASES.get(task["type"], task["type"])
+    index = task.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise UsageError(f"TF_CONFIG: task.index={index!r}: expected a whole number")
+    if job not in JOBS:
+        raise UsageError(f"TF_CONFIG: task.type={task['type']!r}: expected one of "
+                         f"{', '.join(JOBS)} or master")
+    if job == EVALUATOR:
+        return cluster, _evaluator(index, "TF_CONFIG task.index")
+    return cluster, _task(cluster, job, index, "TF_CONFIG task.type", "TF_CONFIG task.index")
+
+
+def resolve(flags: ClusterFlags, tf_config: Optional[str]) -> tuple[Optional[Cluster],
+                                                                     Optional[Task]]:
+    """The cluster and task from `TF_CONFIG` when set, else from the flags.
+
+    Flags given beside `TF_CONFIG` must agree with it.
+
+    Raises:
+      UsageError: as `from_flags`/`from_tf_config`, or a flag that disagrees
+        with `TF_CONFIG` (the message names both values).
+    """
+    if not tf_config or not tf_config.strip():
+        return from_flags(flags)
+    cluster, task = from_tf_config(tf_config)
+    given = {
+        "--ps_hosts": (flags.ps_hosts and parse_hosts(flags.ps_hosts, "--ps_hosts"),
+                       cluster.ps_hosts, "cluster.ps"),
+        "--worker_hosts": (flags.worker_hosts and
+                           parse_hosts(flags.worker_hosts, "--worker_hosts"),
+                           cluster.worker_hosts, "cluster.worker"),
+        "--job_name": (flags.job_name and ALIASES.get(flags.job_name, flags.job_name),
+                       task.job_name, "task.type"),
+        "--task_index": (flags.task_index, task.task_index, "task.index"),
+    }
+    for flag, (mine, theirs, key) in given.items():
+        if mine not in (None, "") and mine != theirs:
+            show = ",".join(mine) if isinstance(mine, tuple) else mine
+            other = ",".join(theirs) if isinstance(theirs, tuple) else theirs
+            raise UsageError(f"{flag}={show} disagrees with TF_CONFIG {key}={other}; "
+                             "give the same value or drop the flag")
+    return cluster, task
+
+
+def _task(cluster: Cluster, job: str, index: int, job_src: str, index_src: str) -> Task:
+    hosts = cluster.hosts(job)
     if not hosts:
-        raise UsageError(f"--job_name={job_name}: the cluster has no {job_name} tasks "
-                         f"(--{job_name}_hosts is empty)")
-    if not 0 <= task_index < len(hosts):
-        raise UsageError(f"--task_index={task_index}: job '{job_name}' has "
-                         f"{len(hosts)} task(s), so expected 0 to {len(hosts) - 1}")
-    return cluster, Task(job_name, task_index)
+        raise UsageError(f"{job_src}={job}: the cluster has no {job} tasks")
+    if not 0 <= index < len(hosts):
+        raise UsageError(f"{index_src}={index}: job '{job}' has {len(hosts)} task(s), "
+                         f"so expected 0 to {len(hosts) - 1}")
+    return cluster.task(job, index)
+
+
+def _evaluator(index: Optional[int], index_src: str) -> Task:
+    if index not in (None, 0):
+        raise UsageError(f"{index_src}={index}: there is one evaluator, index 0")
+    return Task(EVALUATOR, 0)
 
 
 def _machine(host: str) -> str:

@@ -14,6 +14,14 @@ MODELS = ("softmax", "mlp", "cnn")
 DATASETS = ("digits", "mnist", "synthetic")
 OPTIMIZERS = ("adagrad", "sgd", "momentum", "adam")
 
+# What a task does (`--schedule`), as in tensor2tensor, and which jobs may do it;
+# the first schedule of a job is its default.
+TRAIN, RUN_STD_SERVER = "train", "run_std_server"
+CONTINUOUS_EVAL, CONTINUOUS_EVAL_ON_TRAIN_DATA = "continuous_eval", "continuous_eval_on_train_data"
+SCHEDULES = (TRAIN, RUN_STD_SERVER, CONTINUOUS_EVAL, CONTINUOUS_EVAL_ON_TRAIN_DATA)
+JOB_SCHEDULES = {"chief": (TRAIN,), "worker": (TRAIN,), "ps": (RUN_STD_SERVER,),
+                 "evaluator": (CONTINUOUS_EVAL, CONTINUOUS_EVAL_ON_TRAIN_DATA)}
+
 # Learning rates used when --learning_rate is not given. Adagrad's 0.1 is the
 # rate of TensorFlow's classic mnist_replica.py example (Adam's is its paper's).
 DEFAULT_LEARNING_RATES = {"adagrad": 0.1, "sgd": 0.1, "momentum": 0.05, "adam": 0.001}
@@ -21,6 +29,31 @@ DEFAULT_LEARNING_RATES = {"adagrad": 0.1, "sgd": 0.1, "momentum": 0.05, "adam": 
 
 class UsageError(ValueError):
     """A configuration value is wrong. The message names the value and what is expected."""
+
+
+class RuntimeFailure(RuntimeError):
+    """Something outside the configuration failed (a task never came up, no checkpoint came).
+
+    The message says what, and where to look. The trainer exits 1 on it.
+    """
+
+
+def check_schedule(schedule: str | None, job_name: str) -> str:
+    """The schedule task `job_name` runs: `schedule`, or the job's default when None.
+
+    Raises:
+      UsageError: unknown schedule, or one the job cannot run (a ps only
+        serves, an evaluator only evaluates, chief and workers train).
+    """
+    allowed = JOB_SCHEDULES[job_name]
+    if schedule is None:
+        return allowed[0]
+    if schedule not in SCHEDULES:
+        raise UsageError(f"--schedule={schedule}: expected one of {', '.join(SCHEDULES)}")
+    if schedule not in allowed:
+        raise UsageError(f"--schedule={schedule} cannot run on a {job_name} task: "
+                         f"a {job_name} runs {' or '.join(allowed)}")
+    return schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +87,8 @@ class TrainConfig:
         the other workers to report done before it stops the ps tasks anyway.
       startup_timeout_secs: how long a worker waits for the cluster (ps tasks,
         chief's initialisation) before giving up.
+      eval_timeout_secs: how long an evaluator waits for a new checkpoint
+        before giving up.
     """
 
     model: str = "mlp"
@@ -77,6 +112,7 @@ class TrainConfig:
     inter_op_threads: int = 0
     shutdown_timeout_secs: float = 60.0
     startup_timeout_secs: float = 600.0
+    eval_timeout_secs: float = 600.0
 
     @property
     def lr(self) -> float:
@@ -85,8 +121,11 @@ class TrainConfig:
             return self.learning_rate
         return DEFAULT_LEARNING_RATES[self.optimizer]
 
-    def validate(self, num_workers: int = 1) -> "TrainConfig":
+    def validate(self, num_workers: Optional[int] = 1) -> "TrainConfig":
         """Checks every field; returns self.
+
+        `num_workers` bounds `replicas_to_aggregate`; None skips that check (an
+        evaluator without the cluster's addresses).
 
         Raises:
           UsageError: naming the first bad value and what is expected.
@@ -109,11 +148,14 @@ class TrainConfig:
             raise UsageError(f"--save_checkpoint_secs={self.save_checkpoint_secs}: expected > 0")
         if self.worker_gpu is not None and self.worker_gpu < 0:
             raise UsageError(f"--worker_gpu={self.worker_gpu}: expected 0 or more GPUs")
-        if self.replicas_to_aggregate is not None:
+        if self.replicas_to_aggregate is not None and num_workers is not None:
             if not 1 <= self.replicas_to_aggregate <= num_workers:
                 raise UsageError(
                     f"--replicas_to_aggregate={self.replicas_to_aggregate}: expected 1 to "
                     f"{num_workers}, the number of workers")
+        for name in ("startup_timeout_secs", "shutdown_timeout_secs", "eval_timeout_secs"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"--{name}={getattr(self, name)}: expected seconds > 0")
         for name in ("intra_op_threads", "inter_op_threads"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name}={getattr(self, name)}: expected 0 (auto) or more")

@@ -2,17 +2,22 @@
 
 The evaluation graph reuses the training model's variables (the `model/`
 scope is built with AUTO_REUSE), so on a worker it reads them from the ps
-tasks; the final evaluation is run by the chief after its last step.
+tasks; the final evaluation is run by the chief after its last step. An
+evaluator task (`continuous_eval`) evaluates each checkpoint as it appears.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 
 import tensorflow as tf
+from absl import logging
 
+from lowlevel import checkpoints, models
 from lowlevel import data as data_lib
-from lowlevel import models
+from lowlevel.config import RuntimeFailure, TrainConfig
 
 v1 = tf.compat.v1
 
@@ -62,3 +67,97 @@ class FinalEvalHook(v1.train.SessionRunHook):
 
     def end(self, session):
         self.result = evaluate(session, self._ops)
+
+
+class EvalTimeout(RuntimeFailure):
+    """No new checkpoint appeared within `eval_timeout_secs` before the final one."""
+
+
+def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: bool = False,
+                    session_config=None) -> dict:
+    """Evaluates each new checkpoint in `config.output_dir` until that of the final step.
+
+    The evaluator runs in its own process with no server: it reads checkpoint
+    files, so it never holds up training. `tf.compat.v1.train.checkpoints_iterator`
+    yields a checkpoint only once the chief's Saver has recorded it in the
+    `checkpoint` state file, which it writes after the data files, so a
+    half-written checkpoint is never read; one deleted by the chief's
+    `--keep_checkpoint_max` before it is read is skipped with a warning.
+
+    Per checkpoint it writes `loss` and `accuracy` summaries to
+    `<output_dir>/eval/` (`eval_train/` for the training split) and appends a
+    record to `eval_metrics.json` there: global_step, loss (mean
+    cross-entropy), accuracy (fraction), num_examples, split, checkpoint.
+
+    Returns:
+      The record of the checkpoint whose global_step is >= `config.train_steps`.
+
+    Raises:
+      EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
+      checkpoints.CheckpointMismatch: a checkpoint of another model.
+    """
+    split_name = "train" if on_train_data else "test"
+    split = data.train if on_train_data else data.test
+    eval_dir = os.path.join(config.output_dir, "eval_train" if on_train_data else "eval")
+    graph = tf.Graph()
+    with graph.as_default():
+        global_step = v1.train.get_or_create_global_step()
+        ops = build(split, data.max_value, config.model, data.num_classes,
+                    config.hidden_units, config.seed)
+        variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
+        saver = v1.train.Saver(variables)
+        graph.finalize()
+    os.makedirs(eval_dir, exist_ok=True)
+    records_path = os.path.join(eval_dir, "eval_metrics.json")
+    records = _read_records(records_path)
+    logging.info("evaluator: watching %s for checkpoints; evaluating on the %s split (%d "
+                 "examples) until global step %d", config.output_dir, split_name, len(split),
+                 config.train_steps)
+    writer = v1.summary.FileWriter(eval_dir, graph=None)
+    try:
+        with v1.Session(graph=graph, config=session_config) as sess:
+            for path in v1.train.checkpoints_iterator(config.output_dir,
+                                                      timeout=config.eval_timeout_secs):
+                try:
+                    checkpoints.check_compatible(config.output_dir, variables, path)
+                    saver.restore(sess, path)
+                except checkpoints.CheckpointMismatch:
+                    raise
+                except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as e:
+                    logging.warning("evaluator: skipping %s, which is gone or unreadable "
+                                    "(deleted by the chief's --keep_checkpoint_max?): %s",
+                                    path, getattr(e, "message", e))
+                    continue
+                step = int(sess.run(global_step))
+                record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
+                              checkpoint=os.path.basename(path))
+                writer.add_summary(v1.Summary(value=[
+                    v1.Summary.Value(tag="loss", simple_value=record["loss"]),
+                    v1.Summary.Value(tag="accuracy", simple_value=record["accuracy"])]), step)
+                writer.flush()
+                records = [r for r in records if r["global_step"] != step] + [record]
+                _write_records(records_path, records)
+                logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f", step,
+                             split_name, record["accuracy"], record["loss"])
+                if step >= config.train_steps:
+                    return record
+    finally:
+        writer.close()
+    raise EvalTimeout(f"evaluator: no new checkpoint in {config.output_dir} for "
+                      f"{config.eval_timeout_secs:g} s (--eval_timeout_secs) before the one of "
+                      f"global step {config.train_steps}: is the chief running?")
+
+
+def _read_records(path: str) -> list:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return []
+
+
+def _write_records(path: str, records: list) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(sorted(records, key=lambda r: r["global_step"]), f, indent=2)
+    os.replace(tmp, path)

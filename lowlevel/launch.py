@@ -2,16 +2,18 @@
 
     python -m lowlevel.launch                      # 1 ps + 2 workers, mlp on digits
     python -m lowlevel.launch --num_workers=3 --sync --train_steps=3000
+    python -m lowlevel.launch --evaluator     # plus an evaluator (continuous_eval)
 
 Each task is a `python -m lowlevel.trainer` process on a free loopback port;
 every trainer flag given here is passed on to every task. Output is prefixed
 with the task's name (`[ps0]`, `[worker1]`); on a terminal one live progress
 line shows the chief's global step, rate and loss.
 
-Exit status: 0 when every task exited 0. If a task fails, the launcher names
-it, stops the others and exits 1. Ctrl-C (exit 130) or SIGTERM (exit 143)
-stops every task; each child also gets SIGTERM should the launcher itself die
-(Linux `PR_SET_PDEATHSIG`), so no orphan is left behind.
+Exit status: 0 when every task exited 0; 2 for a usage error (one line on
+stderr). If a task fails, the launcher names it, stops the others and exits 1.
+Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
+SIGTERM should the launcher itself die (Linux `PR_SET_PDEATHSIG`), so no
+orphan is left behind.
 """
 
 from __future__ import annotations
@@ -29,15 +31,19 @@ import time
 import portpicker
 from absl import app, flags
 
-from lowlevel import trainer  # noqa: F401  (defines the trainer flags passed on)
+from lowlevel import trainer  # defines the trainer flags passed on
+from lowlevel.config import UsageError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
 flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the chief).")
+flags.DEFINE_boolean("evaluator", False, "Add an evaluator task: it evaluates each new "
+                     "checkpoint on the test split (<output_dir>/eval/) and exits after the "
+                     "final one.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
-CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")
+CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index", "schedule")
 PROGRESS = re.compile(r"step (\d+)/(\d+) \| loss ([\d.]+) \| ([\d,]+) examples/s \| "
                       r"([\d.]+) steps/s")
 
@@ -48,13 +54,13 @@ def trainer_args() -> list[str]:
     names.append("verbosity")
     for name in CLUSTER_FLAGS:
         if FLAGS[name].present:
-            raise app.UsageError(f"--{name} is set by the launcher; use --num_ps/--num_workers")
+            raise UsageError(f"--{name} is set by the launcher; use --num_ps/--num_workers")
     return [FLAGS[n].serialize() for n in names if FLAGS[n].present and n != "output_dir"]
 
 
 def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[str],
-                  host: str = "127.0.0.1") -> dict[str, list[str]]:
-    """{task name: argv} for a cluster on free ports of `host`."""
+                  host: str = "127.0.0.1", evaluator: bool = False) -> dict[str, list[str]]:
+    """{task name: argv} for a cluster on free ports of `host` (and an evaluator)."""
     ps = [f"{host}:{portpicker.pick_unused_port()}" for _ in range(num_ps)]
     workers = [f"{host}:{portpicker.pick_unused_port()}" for _ in range(num_workers)]
     common = [sys.executable, "-m", "lowlevel.trainer", f"--ps_hosts={','.join(ps)}",
@@ -62,6 +68,8 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
     tasks = {f"ps{i}": common + ["--job_name=ps", f"--task_index={i}"] for i in range(num_ps)}
     tasks.update({f"worker{i}": common + ["--job_name=worker", f"--task_index={i}"]
                   for i in range(num_workers)})
+    if evaluator:
+        tasks["evaluator0"] = common + ["--job_name=evaluator"]
     return tasks
 
 
@@ -169,15 +177,21 @@ def _write(text, progress, out):
 
 def main(argv) -> int:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
+        raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
-        raise app.UsageError("--num_ps and --num_workers must be at least 1")
+        raise UsageError("--num_ps and --num_workers must be at least 1")
+    if os.environ.get("TF_CONFIG"):
+        raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
+                         "(or start the tasks yourself with python -m lowlevel.trainer)")
+    extra = trainer_args()
+    trainer.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    os.makedirs(output_dir, exist_ok=True)
+    trainer.ensure_writable(output_dir)
     commands = task_commands(FLAGS.num_ps, FLAGS.num_workers, os.path.abspath(output_dir),
-                             trainer_args())
-    print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers on localhost; "
+                             extra, evaluator=FLAGS.evaluator)
+    print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers"
+          f"{' + evaluator' if FLAGS.evaluator else ''} on localhost; "
           f"output in {output_dir}", flush=True)
     started = time.monotonic()
     sup = Supervisor(commands)
@@ -198,9 +212,17 @@ def main(argv) -> int:
     return code
 
 
+def _main_or_exit(argv):
+    try:
+        sys.exit(main(argv))
+    except UsageError as e:
+        sys.stderr.write(f"lowlevel.launch: error: {e}\n")
+        sys.exit(2)
+
+
 def run():
     """Console-script entry point."""
-    app.run(main)
+    app.run(_main_or_exit, flags_parser=trainer.flags_parser("lowlevel.launch"))
 
 
 if __name__ == "__main__":

@@ -89,31 +89,32 @@ class ByteBalancedStrategy:
         return k
 
 
-def worker_device(task_index: int, worker_gpu: int) -> str:
-    """The device of a worker's compute: GPU `task_index mod worker_gpu`, or its CPU.
+def worker_device(task_index: int, worker_gpu: int, job_name: str = "worker") -> str:
+    """The device of a training task's compute: GPU `task_index mod worker_gpu`, or its CPU.
 
     E.g. worker_device(3, 2) == "/job:worker/task:3/device:GPU:1".
     """
     if worker_gpu > 0:
-        return f"/job:worker/task:{task_index}/device:GPU:{task_index % worker_gpu}"
-    return f"/job:worker/task:{task_index}/device:CPU:0"
+        return f"/job:{job_name}/task:{task_index}/device:GPU:{task_index % worker_gpu}"
+    return f"/job:{job_name}/task:{task_index}/device:CPU:0"
 
 
 def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
-                  sizes: Optional[Mapping[str, int]] = None):
-    """A device function for `tf.device(...)` on worker `task_index`.
+                  sizes: Optional[Mapping[str, int]] = None, job_name: str = "worker"):
+    """A device function for `tf.device(...)` on training task `job_name`/`task_index`.
 
     Args:
       cluster: {"ps": [...], "worker": [...]} (as `Cluster.as_dict()`).
-      task_index: this worker's index.
+      task_index: this task's index in its job.
       worker_gpu: GPUs per worker (0: compute on the worker's CPU).
       sizes: {variable op name: bytes} of the model, from `measure_variables`.
+      job_name: "worker", or "chief" for the task of a chief job.
     Returns:
       The `replica_device_setter` device function.
     """
     num_ps = len(cluster["ps"])
     return v1.train.replica_device_setter(
         ps_device=PS_CPU,
-        worker_device=worker_device(task_index, worker_gpu),
+        worker_device=worker_device(task_index, worker_gpu, job_name),
         cluster=dict(cluster),
         ps_strategy=ByteBalancedStrategy(sizes or {}, num_ps))

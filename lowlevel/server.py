@@ -7,7 +7,7 @@ cluster itself, with two queues that live in the ps tasks' resource managers
 (shared by name, so every session that builds them gets the same queue):
 
 - `lowlevel/workers_done` on ps 0: each non-chief worker enqueues its
-  task_index when its training loop has ended (in `ShutdownHook.end`, the
+  replica index when its training loop has ended (in `ShutdownHook.end`, the
   last thing its session runs);
 - `lowlevel/stop_ps<K>` on ps K: the chief enqueues one element when it has
   saved the final checkpoint, evaluated and heard from every worker (or its
@@ -19,8 +19,10 @@ no authentication; keep clusters on trusted networks.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Iterable
@@ -29,6 +31,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel.cluster import PS, Cluster, Task
+from lowlevel.config import RuntimeFailure, UsageError
 
 v1 = tf.compat.v1
 
@@ -64,12 +67,78 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
         device_filters=filters)
 
 
+class StartupError(RuntimeFailure):
+    """The cluster did not come together: a task never answered within the start-up timeout."""
+
+
+def check_port_free(address: str, task: Task) -> None:
+    """Raises UsageError if another process listens on the port of `address`.
+
+    The check binds the port on all interfaces, as the server will. It is
+    needed because gRPC sets SO_REUSEPORT: a second server on a port in use
+    may start without error and share the connections of the first.
+    """
+    port = int(address.rpartition(":")[2])
+    for family, any_addr in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((any_addr, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"{task.name}'s address {address}: port {port} is already "
+                                 "in use on this machine; give the task a free port") from None
+        finally:
+            sock.close()
+
+
+def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_SECS) -> None:
+    """Polls until every ps task accepts TCP connections.
+
+    A session on a cluster whose ps is down waits in CreateSession forever,
+    logging "CreateSession still waiting for response from worker"; this
+    bounded wait names the task instead.
+
+    Raises:
+      StartupError: a ps did not answer within `timeout_secs`; the message
+        names its address.
+    """
+    deadline = time.monotonic() + timeout_secs
+    waiting = dict(enumerate(cluster.ps_hosts))
+    logged = False
+    while waiting:
+        for k, address in list(waiting.items()):
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+                del waiting[k]
+            except OSError:
+                pass
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            k, address = next(iter(waiting.items()))
+            raise StartupError(
+                f"ps{k} at {address} did not answer within {timeout_secs:g} s "
+                "(--startup_timeout_secs): is its process running, and is the address "
+                "in --ps_hosts / TF_CONFIG right?")
+        if not logged:
+            logging.info("waiting for %s to come up", ", ".join(
+                f"ps{k} at {a}" for k, a in waiting.items()))
+            logged = True
+        time.sleep(poll_secs)
+
+
 def start(cluster: Cluster, task: Task, config) -> "v1.train.Server":
     """Starts this task's gRPC server (it serves until the process exits).
 
     Raises:
-      tf.errors.UnknownError: the port cannot be bound (e.g. already in use).
+      UsageError: the port is already in use.
     """
+    check_port_free(cluster.hosts(task.job_name)[task.task_index], task)
     server = v1.train.Server(v1.train.ClusterSpec(cluster.as_dict()),
                              job_name=task.job_name, task_index=task.task_index,
                              config=config, start=True)
@@ -97,7 +166,7 @@ class ShutdownChannel:
                          .enqueue(0) for k in range(num_ps)]
 
     def report_done(self, sess, task_index: int) -> None:
-        """Tells the chief that worker `task_index` has finished (non-chief workers)."""
+        """Tells the chief that training task `task_index` (its replica index) has finished."""
         sess.run(self._report_done, {self._task_index: task_index},
                  options=v1.RunOptions(timeout_in_ms=10_000))
 
@@ -135,27 +204,27 @@ class ShutdownHook(v1.train.SessionRunHook):
     Args:
       channel: the `ShutdownChannel` in the graph.
       task: this worker.
-      num_workers: workers in the cluster.
+      cluster: the cluster (for the other training tasks).
       timeout_secs: how long the chief waits for the other workers' reports.
     """
 
-    def __init__(self, channel: ShutdownChannel, task: Task, num_workers: int,
+    def __init__(self, channel: ShutdownChannel, task: Task, cluster: Cluster,
                  timeout_secs: float):
         self._channel = channel
         self._task = task
-        self._num_workers = num_workers
+        self._names = [t.name for t in cluster.training_tasks()]
         self._timeout_secs = timeout_secs
 
     def end(self, session):
         if not self._task.is_chief:
-            self._channel.report_done(session, self._task.task_index)
+            self._channel.report_done(session, self._task.replica_index)
             return
-        missing = self._channel.wait_for_workers(session, range(1, self._num_workers),
+        missing = self._channel.wait_for_workers(session, range(1, len(self._names)),
                                                  self._timeout_secs)
         if missing:
             logging.warning("chief: no end-of-training report from %s within %.0f s; "
                             "stopping the ps tasks anyway",
-                            ", ".join(f"worker{i}" for i in sorted(missing)),
+                            ", ".join(self._names[i] for i in sorted(missing)),
                             self._timeout_secs)
         self._channel.stop_ps(session)
         logging.info("chief: told %d ps task(s) to exit", self._channel.num_ps)

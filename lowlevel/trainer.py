@@ -4,14 +4,19 @@
         --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 --job_name=ps --task_index=0
     python -m lowlevel.trainer --ps_hosts=... --worker_hosts=... --job_name=worker --task_index=0
     python -m lowlevel.trainer --ps_hosts=... --worker_hosts=... --job_name=worker --task_index=1
+    TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 1}}' \\
+        python -m lowlevel.trainer
 
-With no --ps_hosts/--worker_hosts it trains in one process (no servers).
-Worker 0 is the chief; it prints the final metrics JSON as its last line of
-stdout. A ps task exits 0 once the chief signals the end of training.
+The cluster and this task come from the flags or from `TF_CONFIG` (which may
+also have a `chief`/`master` job and names an `evaluator`); given both, they
+must agree. With neither, it trains in one process (no servers). The chief
+(worker 0 without a chief job) prints the final metrics JSON as its last line
+of stdout; an evaluator prints its last evaluation. A ps task exits 0 once the
+chief signals the end of training.
 
 Flags are parsed here, and only here, into a `TrainConfig`. Exit status: 0 on
 success, 2 for a usage error (one line on stderr naming the bad value), 1 for a
-runtime failure.
+runtime failure (one line on stderr; `--verbosity=1` adds the traceback).
 """
 
 from __future__ import annotations
@@ -19,20 +24,31 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+import traceback
+from typing import Optional
 
 from absl import app, flags, logging
 
 from lowlevel import cluster as cluster_lib
-from lowlevel.config import DATASETS, MODELS, OPTIMIZERS, TrainConfig, UsageError
+from lowlevel import config as config_lib
+from lowlevel.config import (DATASETS, MODELS, OPTIMIZERS, SCHEDULES, RuntimeFailure,
+                             TrainConfig, UsageError)
 
 FLAGS = flags.FLAGS
 
 # Cluster.
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the ps tasks.")
 flags.DEFINE_string("worker_hosts", "", "Comma-separated host:port of the worker tasks; "
-                    "worker 0 is the chief.")
-flags.DEFINE_string("job_name", None, "This task's job: ps or worker.")
+                    "worker 0 is the chief. (A separate chief job: TF_CONFIG.)")
+flags.DEFINE_string("job_name", None, "This task's job: worker, ps, evaluator (or chief/"
+                    "master with TF_CONFIG). Default: from TF_CONFIG.")
 flags.DEFINE_integer("task_index", 0, "This task's index within its job.")
+flags.DEFINE_enum("schedule", None, SCHEDULES, "What this task does. Default by job: "
+                  "train (chief, worker), run_std_server (ps), continuous_eval (evaluator: "
+                  "evaluates each new checkpoint in --output_dir on the test split until "
+                  "the one of --train_steps; continuous_eval_on_train_data: on the "
+                  "training split).")
 # Model and data.
 flags.DEFINE_string("model", "mlp", f"Model: {' | '.join(MODELS)}.")
 flags.DEFINE_list("hidden_units", ["128", "128"], "Hidden layer widths (mlp: every layer; "
@@ -73,11 +89,13 @@ flags.DEFINE_integer("inter_op_threads", 0, "TensorFlow inter-op threads per tas
                      "(at least 2).")
 flags.DEFINE_float("shutdown_timeout_secs", 60.0, "How long the chief waits after its last "
                    "step for the other workers to finish before stopping the ps tasks.")
-flags.DEFINE_float("startup_timeout_secs", 600.0, "How long a worker waits for the cluster "
-                   "and the chief's model before giving up.")
+flags.DEFINE_float("startup_timeout_secs", 600.0, "How long a worker waits for the ps "
+                   "tasks and the chief's model before giving up (exit 1, naming the task).")
+flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for a new "
+                   "checkpoint before giving up (exit 1).")
 
 
-def config_from_flags(num_workers: int) -> TrainConfig:
+def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
     """The validated `TrainConfig` of the parsed flags.
 
     Raises:
@@ -101,19 +119,55 @@ def config_from_flags(num_workers: int) -> TrainConfig:
         intra_op_threads=FLAGS.intra_op_threads, inter_op_threads=FLAGS.inter_op_threads,
         shutdown_timeout_secs=FLAGS.shutdown_timeout_secs,
         startup_timeout_secs=FLAGS.startup_timeout_secs,
+        eval_timeout_secs=FLAGS.eval_timeout_secs,
     ).validate(num_workers)
+
+
+def task_from_flags():
+    """(cluster or None, task, schedule) from the flags and `TF_CONFIG`.
+
+    Raises:
+      UsageError: bad or conflicting cluster flags, TF_CONFIG or --schedule.
+    """
+    given = cluster_lib.ClusterFlags(
+        FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name,
+        FLAGS.task_index if FLAGS["task_index"].present else None)
+    cluster, task = cluster_lib.resolve(given, os.environ.get("TF_CONFIG"))
+    if task is None:  # no cluster: in-process training, or an evaluator
+        evaluating = FLAGS.schedule in (config_lib.CONTINUOUS_EVAL,
+                                        config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)
+        task = cluster_lib.Task(cluster_lib.EVALUATOR if evaluating else cluster_lib.WORKER, 0)
+    return cluster, task, config_lib.check_schedule(FLAGS.schedule, task.job_name)
+
+
+def ensure_writable(output_dir: str) -> None:
+    """Creates `output_dir` if needed and checks that a file can be written in it.
+
+    Raises:
+      UsageError: it cannot be created or written.
+    """
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as e:
+        raise UsageError(f"--output_dir={output_dir}: cannot write there ({e.strerror}); "
+                         "give a writable directory") from None
 
 
 def main(argv) -> int:
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
-    cluster, task = cluster_lib.from_flags(FLAGS.ps_hosts, FLAGS.worker_hosts,
-                                           FLAGS.job_name, FLAGS.task_index)
-    config = config_from_flags(cluster.num_workers if cluster else 1)
+    cluster, task, schedule = task_from_flags()
+    evaluating = task.job_name == cluster_lib.EVALUATOR
+    config = config_from_flags(cluster.num_workers if cluster else None if evaluating else 1)
+    if evaluating and not config.output_dir:
+        raise UsageError(f"--schedule={schedule} needs --output_dir: the directory the chief "
+                         "writes its checkpoints to")
     if task.job_name == cluster_lib.PS:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a ps holds variables on its CPU only
-    if task.is_chief and config.output_dir:
-        os.makedirs(config.output_dir, exist_ok=True)
+    if (task.is_chief or evaluating) and config.output_dir:
+        ensure_writable(config.output_dir)
 
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
@@ -121,15 +175,25 @@ def main(argv) -> int:
     from lowlevel import server as server_lib
     from lowlevel import training
 
-    session_config = None
-    server = None
+    if schedule == config_lib.RUN_STD_SERVER:
+        session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
+                                                   config.inter_op_threads)
+        server = server_lib.start(cluster, task, session_config)
+        return server_lib.run_std_server(server, task, session_config)
+    data = data_lib.load(config.dataset, config.data_dir)
+    if evaluating:
+        from lowlevel import evaluation
+        record = evaluation.continuous_eval(
+            config, data, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA,
+            tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
+                                     inter_op_parallelism_threads=config.inter_op_threads or 1))
+        print(json.dumps(record), flush=True)
+        return 0
+    session_config = server = None
     if cluster:
         session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
                                                    config.inter_op_threads)
         server = server_lib.start(cluster, task, session_config)
-        if task.job_name == cluster_lib.PS:
-            return server_lib.run_std_server(server, task, session_config)
-    data = data_lib.load(config.dataset, config.data_dir)
     worker_gpu = config.worker_gpu
     if worker_gpu is None:
         worker_gpu = len(tf.config.list_physical_devices("GPU"))
@@ -145,12 +209,25 @@ def main(argv) -> int:
     return 0
 
 
+def _error_line(e: BaseException) -> str:
+    """One line for a runtime failure: ours carry a message; TensorFlow's get their type."""
+    if isinstance(e, RuntimeFailure):
+        return str(e)
+    message = getattr(e, "message", None) or str(e)
+    return f"{type(e).__name__}: {message.strip().splitlines()[0] if message else ''}"
+
+
 def _main_or_exit(argv):
     try:
         code = main(argv)
     except UsageError as e:
         sys.stderr.write(f"lowlevel.trainer: error: {e}\n")
         code = 2
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback
+        if FLAGS.verbosity >= 1 or not _is_runtime_failure(e):
+            traceback.print_exc()
+        sys.stderr.write(f"lowlevel.trainer: error: {_error_line(e)}\n")
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # A tf.train.Server has no working Stop(); leave without running its
@@ -158,18 +235,29 @@ def _main_or_exit(argv):
     os._exit(code or 0)
 
 
-def _parse_flags(argv):
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"lowlevel.trainer: error: {e}\n"
-                         "(python -m lowlevel.trainer --help lists the flags)\n")
-        sys.exit(2)
+def _is_runtime_failure(e: BaseException) -> bool:
+    """Failures of the cluster or the files, as opposed to bugs (which keep their traceback)."""
+    if isinstance(e, (RuntimeFailure, OSError)):
+        return True
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    return tf_errors is not None and isinstance(e, tf_errors.OpError)
+
+
+def flags_parser(prog: str):
+    """An absl `flags_parser` that turns a flag error into one line on stderr and exit 2."""
+    def parse(argv):
+        try:
+            return FLAGS(argv)
+        except flags.Error as e:
+            sys.stderr.write(f"{prog}: error: {e}\n"
+                             f"(python -m {prog} --help lists the flags)\n")
+            sys.exit(2)
+    return parse
 
 
 def run():
     """Console-script entry point."""
-    app.run(_main_or_exit, flags_parser=_parse_flags)
+    app.run(_main_or_exit, flags_parser=flags_parser("lowlevel.trainer"))
 
 
 if __name__ == "__main__":

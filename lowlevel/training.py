@@ -18,7 +18,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import evaluation, hooks, models, placement
+from lowlevel import checkpoints, evaluation, hooks, models, placement
 from lowlevel import server as server_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -78,11 +78,11 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             sizes = placement.measure_variables(
                 lambda: model_fn(tf.zeros([1, *data.image_shape])))
             device = placement.device_setter(cluster.as_dict(), task.task_index,
-                                             worker_gpu, sizes)
+                                             worker_gpu, sizes, task.job_name)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             iter_init, feed, (images, labels) = data_lib.train_input(
-                data, config.batch_size, num_workers, task.task_index, config.seed)
+                data, config.batch_size, num_workers, task.replica_index, config.seed)
             loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
             opt = make_optimizer(config.optimizer, config.lr)
             if sync:
@@ -129,7 +129,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         if final_eval:
             run_hooks.append(final_eval)
         if shutdown:  # last: after the final checkpoint and evaluation
-            run_hooks.append(server_lib.ShutdownHook(shutdown, task, num_workers,
+            run_hooks.append(server_lib.ShutdownHook(shutdown, task, cluster,
                                                      config.shutdown_timeout_secs))
     return TrainGraph(graph, train_op, loss, global_step, scaffold, run_hooks, progress,
                       final_eval, examples_per_step)
@@ -146,23 +146,38 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     num_workers, sync, model, dataset, batch_size.
 
     Raises:
-      tf.errors.DeadlineExceededError: a non-chief worker found no ready model
-        within `config.startup_timeout_secs`.
+      checkpoints.CheckpointMismatch: the checkpoint in `output_dir` is of
+        another model (checked before anything runs).
+      server.StartupError: a ps did not answer, or (non-chief) the chief had
+        not initialised the model, within `config.startup_timeout_secs`.
     """
     started = time.monotonic()
     g = build(config, data, cluster, task, worker_gpu)
+    checkpoints.check_compatible(config.output_dir,
+                                 g.graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
+    if cluster:
+        server_lib.wait_for_ps(cluster, config.startup_timeout_secs)
     master = server.target if server else ""
     with g.graph.as_default():
         if task.is_chief:
             creator = hooks.ChiefSessionCreator(g.scaffold, master, session_config,
                                                 checkpoint_dir=config.output_dir)
         else:
+            remaining = max(1.0, config.startup_timeout_secs - (time.monotonic() - started))
             creator = hooks.WorkerSessionCreator(g.scaffold, master, session_config,
-                                                 max_wait_secs=config.startup_timeout_secs)
+                                                 max_wait_secs=remaining)
         logging.info("%s: graph built in %.1f s; creating session", task.name,
                      time.monotonic() - started)
-        with v1.train.MonitoredSession(creator, g.hooks,
-                                       stop_grace_period_secs=STOP_GRACE_SECS) as sess:
+        try:
+            sess = v1.train.MonitoredSession(creator, g.hooks,
+                                             stop_grace_period_secs=STOP_GRACE_SECS)
+        except tf.errors.DeadlineExceededError:
+            chief = cluster.training_tasks()[0]
+            raise server_lib.StartupError(
+                f"{task.name}: the chief ({chief.name} at {cluster.hosts(chief.job_name)[0]}) "
+                f"did not have the model ready within {config.startup_timeout_secs:g} s "
+                "(--startup_timeout_secs): is it running?") from None
+        with sess:
             logging.info("%s: session ready at global step %d after %.1f s%s", task.name,
                          g.progress.initial_step, time.monotonic() - started,
                          " (restored from checkpoint)" if task.is_chief and

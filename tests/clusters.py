@@ -21,11 +21,11 @@ def trainer_argv(ps_hosts, worker_hosts, job_name, task_index, *flags):
             f"--task_index={task_index}", *flags]
 
 
-def start(argv, log_path):
+def start(argv, log_path, env=None):
     """Starts a process with stdout+stderr to `log_path`; returns the Popen."""
     log = open(log_path, "w")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV,
-                            stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=dict(ENV, **(env or {})), stdin=subprocess.DEVNULL)
 
 
 def wait_all(procs: dict, timeout_secs: float) -> dict:
@@ -73,3 +73,8 @@ def final_metrics(output_dir) -> dict:
 def tail(path, n=40) -> str:
     with open(path) as f:
         return "".join(f.readlines()[-n:])
+
+
+def eval_metrics(output_dir, split_dir="eval") -> list:
+    with open(os.path.join(output_dir, split_dir, "eval_metrics.json")) as f:
+        return json.load(f)

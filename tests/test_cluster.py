@@ -1,8 +1,12 @@
+import json
+import re
+
 import pytest
 
 from lowlevel import cluster as cluster_lib
-from lowlevel.cluster import Cluster, Task, from_flags, parse_hosts
-from lowlevel.config import TrainConfig, UsageError
+from lowlevel.cluster import (Cluster, ClusterFlags, Task, from_flags, from_tf_config,
+                              parse_hosts, resolve)
+from lowlevel.config import TrainConfig, UsageError, check_schedule
 
 
 def test_parse_hosts_keeps_order_and_strips_spaces():
@@ -20,21 +24,23 @@ def test_parse_hosts_keeps_order_and_strips_spaces():
 ])
 def test_parse_hosts_rejects_bad_addresses(value, needle):
     with pytest.raises(UsageError, match=needle):
-        parse_hosts(value, "worker_hosts")
+        parse_hosts(value, "--worker_hosts")
 
 
 def test_from_flags_builds_cluster_and_task():
-    cluster, task = from_flags("127.0.0.1:1", "127.0.0.1:2,127.0.0.1:3", "worker", 1)
+    cluster, task = from_flags(ClusterFlags("127.0.0.1:1", "127.0.0.1:2,127.0.0.1:3",
+                                            "worker", 1))
     assert cluster.as_dict() == {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
     assert (cluster.num_ps, cluster.num_workers) == (1, 2)
     assert task == Task("worker", 1) and not task.is_chief
     assert Task("worker", 0).is_chief and not Task("ps", 0).is_chief
     assert task.device == "/job:worker/task:1" and task.name == "worker1"
+    assert task.replica_index == 1 and Task("ps", 0).replica_index is None
 
 
-def test_no_cluster_flags_means_in_process_chief():
-    cluster, task = from_flags("", "", None, 0)
-    assert cluster is None and task.is_chief
+def test_no_cluster_flags_means_in_process():
+    assert from_flags(ClusterFlags()) == (None, None)
+    assert from_flags(ClusterFlags(job_name="evaluator")) == (None, Task("evaluator", 0))
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -46,10 +52,11 @@ def test_no_cluster_flags_means_in_process_chief():
     (("", "127.0.0.1:2", "worker", 0), "at least one ps"),
     (("127.0.0.1:1", "", "ps", 0), "at least one worker"),
     (("", "", "ps", 0), "needs --ps_hosts"),
+    (("", "", "evaluator", 1), "one evaluator"),
 ])
 def test_from_flags_errors_name_the_value(args, needle):
     with pytest.raises(UsageError, match=needle):
-        from_flags(*args)
+        from_flags(ClusterFlags(*args))
 
 
 def test_tasks_on_host_counts_loopback_as_one_machine():
@@ -75,4 +82,93 @@ def test_config_validation(kwargs, needle):
 def test_config_default_learning_rate_follows_optimizer():
     assert TrainConfig(optimizer="adam").lr == 0.001
     assert TrainConfig(optimizer="adagrad", learning_rate=0.3).lr == 0.3
-    assert cluster_lib.JOBS == ("ps", "worker")
+    assert cluster_lib.JOBS == ("chief", "worker", "ps", "evaluator")
+
+
+CHIEF_CLUSTER = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"],
+                 "ps": ["127.0.0.1:4"]}
+
+
+def _tf_config(task_type, index=0, cluster=None, **extra):
+    return json.dumps({"cluster": cluster or CHIEF_CLUSTER,
+                       "task": {"type": task_type, "index": index}, **extra})
+
+
+def test_tf_config_with_a_chief_job():
+    cluster, chief = from_tf_config(_tf_config("chief", environment="cloud"))
+    assert cluster.as_dict() == CHIEF_CLUSTER and cluster.num_workers == 3
+    assert chief.is_chief and chief.replica_index == 0 and chief.device == "/job:chief/task:0"
+    _, worker0 = from_tf_config(_tf_config("worker", 0))
+    assert not worker0.is_chief and worker0.replica_index == 1
+    assert [t.name for t in cluster.training_tasks()] == ["chief0", "worker0", "worker1"]
+
+
+def test_tf_config_master_is_the_chief_and_evaluator_is_not_in_the_cluster():
+    spec = {"master": ["127.0.0.1:1"], "ps": ["127.0.0.1:4"], "evaluator": ["127.0.0.1:9"]}
+    cluster, task = from_tf_config(_tf_config("master", cluster=spec))
+    assert task.is_chief and task.job_name == "chief"
+    assert cluster.as_dict() == {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:4"]}
+    _, evaluator = from_tf_config(_tf_config("evaluator", cluster=spec))
+    assert evaluator == Task("evaluator", 0) and evaluator.replica_index is None
+
+
+def test_tf_config_without_chief_job_makes_worker0_chief():
+    spec = {"worker": ["127.0.0.1:2", "127.0.0.1:3"], "ps": ["127.0.0.1:4"]}
+    _, task = from_tf_config(_tf_config("worker", 0, cluster=spec))
+    assert task.is_chief and task.replica_index == 0
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("{not json", "TF_CONFIG is not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"task": {"type": "worker", "index": 0}}', 'lacks "cluster"'),
+    ('{"cluster": {"ps": ["127.0.0.1:4"], "worker": ["127.0.0.1:2"]}}', 'lacks "task"'),
+    (_tf_config("worker", 2), "expected 0 to 1"),
+    (_tf_config("gardener"), "task.type='gardener'"),
+    (_tf_config("worker", cluster={"ps": ["127.0.0.1:4"], "wrker": ["127.0.0.1:2"]}),
+     "job 'wrker' is unknown"),
+    (_tf_config("worker", cluster={"ps": ["127.0.0.1:4"], "worker": ["127.0.0.1"]}),
+     "TF_CONFIG cluster.worker: '127.0.0.1' is not host:port"),
+    (_tf_config("worker", cluster={"ps": ["127.0.0.1:4"], "worker": ["127.0.0.1:4"]}),
+     "given twice"),
+    (_tf_config("chief", cluster={"chief": ["127.0.0.1:1", "127.0.0.1:2"],
+                                  "ps": ["127.0.0.1:4"]}), "expected one"),
+    (_tf_config("worker", "1"), "task.index='1'"),
+])
+def test_bad_tf_config_names_what_is_wrong(text, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        from_tf_config(text)
+
+
+def test_flags_must_agree_with_tf_config():
+    text = _tf_config("worker", 1)
+    assert resolve(ClusterFlags(job_name="worker", task_index=1,
+                                ps_hosts="127.0.0.1:4"), text)[1] == Task("worker", 1, True)
+    for flags, needle in [
+        (ClusterFlags(job_name="ps"), "--job_name=ps disagrees with TF_CONFIG task.type=worker"),
+        (ClusterFlags(task_index=0), "--task_index=0 disagrees with TF_CONFIG task.index=1"),
+        (ClusterFlags(ps_hosts="127.0.0.1:5"),
+         "--ps_hosts=127.0.0.1:5 disagrees with TF_CONFIG cluster.ps=127.0.0.1:4"),
+    ]:
+        with pytest.raises(UsageError, match=re.escape(needle)):
+            resolve(flags, text)
+    assert resolve(ClusterFlags(), "") == (None, None)  # empty TF_CONFIG: flags decide
+
+
+@pytest.mark.parametrize("schedule,job,expected", [
+    (None, "worker", "train"), (None, "chief", "train"), (None, "ps", "run_std_server"),
+    (None, "evaluator", "continuous_eval"),
+    ("continuous_eval_on_train_data", "evaluator", "continuous_eval_on_train_data"),
+])
+def test_schedule_defaults_follow_the_job(schedule, job, expected):
+    assert check_schedule(schedule, job) == expected
+
+
+@pytest.mark.parametrize("schedule,job,needle", [
+    ("train", "ps", "cannot run on a ps task"),
+    ("continuous_eval", "worker", "cannot run on a worker task"),
+    ("dance", "worker", "expected one of"),
+])
+def test_schedule_errors(schedule, job, needle):
+    with pytest.raises(UsageError, match=needle):
+        check_schedule(schedule, job)

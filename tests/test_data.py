@@ -1,11 +1,11 @@
 import gzip
-import os
 
 import numpy as np
 import pytest
 
 from lowlevel import data as data_lib
 from lowlevel.data import DataError
+from mnist_files import write_idx_set
 
 
 @pytest.mark.parametrize("n,shards", [(1437, 2), (1437, 3), (10, 4), (5, 1)])
@@ -26,33 +26,9 @@ def test_digits_split_is_fixed_and_real():
     assert a.train.images.max() == 16
 
 
-def _idx_bytes(array, magic_type=0x08):
-    header = bytes([0, 0, magic_type, array.ndim])
-    header += b"".join(int(d).to_bytes(4, "big") for d in array.shape)
-    return header + array.astype(np.uint8).tobytes()
-
-
-def _write_idx_set(directory, n_train=20, n_test=7, compress=True):
-    rng = np.random.default_rng(0)
-    arrays = {
-        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)),
-        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train),
-        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)),
-        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test),
-    }
-    for name, array in arrays.items():
-        if compress:
-            with gzip.open(os.path.join(directory, name + ".gz"), "wb") as f:
-                f.write(_idx_bytes(array))
-        else:
-            with open(os.path.join(directory, name), "wb") as f:
-                f.write(_idx_bytes(array))
-    return arrays
-
-
 @pytest.mark.parametrize("compress", [True, False])
 def test_mnist_reads_idx_files(tmp_path, compress):
-    arrays = _write_idx_set(tmp_path, compress=compress)
+    arrays = write_idx_set(tmp_path, compress=compress)
     ds = data_lib.load("mnist", str(tmp_path))
     assert ds.image_shape == (28, 28, 1) and (len(ds.train), len(ds.test)) == (20, 7)
     np.testing.assert_array_equal(ds.train.images[..., 0], arrays["train-images-idx3-ubyte"])
@@ -72,7 +48,7 @@ def test_mnist_reads_npz(tmp_path):
 
 
 def test_mnist_truncated_idx_is_an_error_naming_the_file(tmp_path):
-    _write_idx_set(tmp_path)
+    write_idx_set(tmp_path)
     path = tmp_path / "train-images-idx3-ubyte.gz"
     with gzip.open(path) as f:
         raw = f.read()

@@ -31,12 +31,15 @@ def _leftovers(out):
 @pytest.mark.timeout(400)
 def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     out = tmp_path / "run"
-    first = _launch(out, "--train_steps=400", "--save_checkpoint_steps=100")
+    first = _launch(out, "--train_steps=400", "--save_checkpoint_steps=100", "--evaluator")
     assert first.returncode == 0, first.stdout[-4000:]
     assert "[ps0]" in first.stdout and "[worker1]" in first.stdout
-    assert "launch: all 3 tasks exited 0" in first.stdout
+    assert "launch: all 4 tasks exited 0" in first.stdout
     m1 = clusters.final_metrics(out)
     assert m1["start_global_step"] == 0 and m1["global_step"] >= 400
+    evaluations = clusters.eval_metrics(out)  # the evaluator ended on the final checkpoint
+    assert evaluations[-1]["global_step"] == m1["global_step"]
+    assert evaluations[-1]["accuracy"] == pytest.approx(m1["accuracy"])
 
     second = _launch(out, "--train_steps=800", "--save_checkpoint_steps=100")
     assert second.returncode == 0, second.stdout[-4000:]
@@ -45,6 +48,21 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     assert m2["global_step"] >= 800
     assert "(restored from checkpoint)" in second.stdout
     assert not _leftovers(out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,needle", [
+    (["--batch_size=0"], "--batch_size=0"),
+    (["--job_name=ps"], "--job_name is set by the launcher"),
+    (["--num_workers=0"], "--num_workers must be at least 1"),
+    (["--num_workers=2", "--sync", "--replicas_to_aggregate=3"], "expected 1 to 2"),
+])
+def test_launcher_usage_errors_start_nothing(tmp_path, flags, needle):
+    result = _launch(tmp_path / "never", *flags, timeout=50)
+    assert result.returncode == 2, result
+    assert needle in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "never").exists()
 
 
 @pytest.mark.timeout(120)

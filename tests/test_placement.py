@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from lowlevel import data as data_lib
 from lowlevel import placement, training
-from lowlevel.cluster import from_flags
+from lowlevel.cluster import Cluster, ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
 
 PS_CPU = re.compile(r"^/job:ps/task:(\d+)/device:CPU:0$")
@@ -14,7 +14,8 @@ PS_CPU = re.compile(r"^/job:ps/task:(\d+)/device:CPU:0$")
 def _graph(num_ps, task_index=1, worker_gpu=0, model="mlp", hidden=(128, 128), data=None,
            sync=False):
     ps = ",".join(f"127.0.0.1:{1000 + i}" for i in range(num_ps))
-    cluster, task = from_flags(ps, "127.0.0.1:2000,127.0.0.1:2001", "worker", task_index)
+    cluster, task = from_flags(ClusterFlags(ps, "127.0.0.1:2000,127.0.0.1:2001", "worker",
+                                            task_index))
     config = TrainConfig(model=model, hidden_units=hidden, sync=sync)
     return training.build(config, data or data_lib.load_digits(), cluster, task, worker_gpu)
 
@@ -43,6 +44,16 @@ def test_variables_on_ps_cpus_and_compute_on_the_worker(sync):
     assert any(op.type == "MatMul" for op in compute)
     for op in compute:
         assert op.device == "/job:worker/task:1/device:CPU:0", (op.name, op.device)
+
+
+def test_a_chief_job_computes_on_its_own_task():
+    cluster = Cluster(("127.0.0.1:1000",), ("127.0.0.1:2000",), ("127.0.0.1:3000",))
+    g = training.build(TrainConfig(), data_lib.load_digits(), cluster,
+                       cluster.task("chief", 0), 0)
+    compute = [op for op in g.graph.get_operations() if _is_compute(op)]
+    assert compute and all(op.device == "/job:chief/task:0/device:CPU:0" for op in compute)
+    assert {op.device for op in g.graph.get_operations() if op.type == "VarHandleOp"} == {
+        "/job:ps/task:0/device:CPU:0"}
 
 
 def test_worker_gpu_pins_compute_to_gpu_task_mod_worker_gpu():

@@ -1,0 +1,117 @@
+"""What the reference trainers (`classic`, `tf2_pss`) share: data, thread counts, the record.
+
+Deliberately independent of `lowlevel` (the references must not inherit its fixes), but
+the data are the same as `lowlevel.data.synthetic()`'s training split: 16,384 uint8
+images of MNIST shape (784 pixels, seed 1234) whose labels are the argmax of a fixed
+random linear teacher applied to the centred pixels, so the task is learnable. Models see
+pixels / 255 in [0, 1], as in `lowlevel`.
+
+Nothing here imports TensorFlow, so `tf2_pss` can set its thread counts first.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+NUM_INPUTS = 28 * 28
+NUM_CLASSES = 10
+
+
+def synthetic_train(num_train: int = 16384, seed: int = 1234):
+    """(images uint8 `[N, 784]`, labels int64 `[N]`): `lowlevel.data.synthetic()`'s train split."""
+    rng = np.random.default_rng(seed)
+    teacher = rng.standard_normal((NUM_INPUTS, NUM_CLASSES)).astype(np.float32)
+    images = rng.integers(0, 256, size=(num_train, 28, 28, 1), dtype=np.uint8)
+    images = images.reshape(num_train, NUM_INPUTS)
+    centred = images.astype(np.float32) / 255.0 - 0.5
+    return images, np.argmax(centred @ teacher, axis=1).astype(np.int64)
+
+
+def hosts(flag_value: str) -> list:
+    return [h.strip() for h in flag_value.split(",") if h.strip()] if flag_value else []
+
+
+def _machine(host_port: str) -> str:
+    """A name for the machine of "host:port"; loopback and this host's names map to one."""
+    host = host_port.rpartition(":")[0].strip("[]") or host_port
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return "<local>"
+    try:
+        return "<local>" if ipaddress.ip_address(host).is_loopback else host
+    except ValueError:
+        return host
+
+
+def thread_counts(all_hosts: Sequence[str], my_host: Optional[str]):
+    """(intra_op, inter_op) as `lowlevel` chooses them: the cores shared by the tasks on this host.
+
+    intra = max(1, cores // tasks_on_host), inter = max(2, intra). In-process
+    (`my_host` None) the one task has every core.
+    """
+    cores = os.cpu_count() or 1
+    share = cores
+    if my_host is not None:
+        mine = _machine(my_host)
+        share = max(1, cores // max(1, sum(_machine(h) == mine for h in all_hosts)))
+    return share, max(2, share)
+
+
+def record(task: str, batch_size: int, step_secs: Sequence[float], window_secs: Optional[float],
+           first_step_unix: Optional[float], last_step_unix: Optional[float], **extra) -> dict:
+    """The JSON record every reference trainer writes.
+
+    Args:
+      step_secs: the wall time of each measured step (after warm-up).
+      window_secs: wall time from the start of the first measured step to the end of
+        the last (loop overhead included); examples/s = steps * batch / window.
+      first_step_unix: when the task's very first step (warm-up included) had finished.
+      last_step_unix: when its last step had finished.
+    """
+    n = len(step_secs)
+    ms = np.asarray(step_secs, dtype=np.float64) * 1000.0
+    return {
+        "task": task,
+        "local_steps": n,
+        "examples_per_sec": (n * batch_size / window_secs) if n and window_secs else None,
+        "step_ms_p50": float(np.percentile(ms, 50)) if n else None,
+        "step_ms_p90": float(np.percentile(ms, 90)) if n else None,
+        "first_step_unix": first_step_unix,
+        "last_step_unix": last_step_unix,
+        "batch_size": batch_size,
+        **extra,
+    }
+
+
+def write_json(path: Optional[str], rec: dict) -> None:
+    """Writes `rec` to `path` atomically (a poller never sees half a file); prints it too."""
+    line = json.dumps(rec)
+    print(line, flush=True)
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def wait_for_ports(host_ports: Sequence[str], timeout_secs: float = 120.0) -> None:
+    """Blocks until every "host:port" accepts a TCP connection (servers still importing TF)."""
+    deadline = time.monotonic() + timeout_secs
+    for hp in host_ports:
+        host, _, port = hp.rpartition(":")
+        while True:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{hp} did not accept connections in {timeout_secs} s")
+                time.sleep(0.2)
