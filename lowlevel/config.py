@@ -89,6 +89,11 @@ class TrainConfig:
         chief's initialisation) before giving up.
       eval_timeout_secs: how long an evaluator waits for a new checkpoint
         before giving up.
+      sync_timeout_secs: sync mode: how long one sync step may wait for
+        gradients before the chief reports which workers do not answer (it
+        then keeps waiting; the step completes when they are back).
+      warmup_steps: each task's first local steps, left out of its step-time
+        figures (`<output_dir>/tasks/<task>.json`).
     """
 
     model: str = "mlp"
@@ -113,6 +118,8 @@ class TrainConfig:
     shutdown_timeout_secs: float = 60.0
     startup_timeout_secs: float = 600.0
     eval_timeout_secs: float = 600.0
+    sync_timeout_secs: float = 30.0
+    warmup_steps: int = 20
 
     @property
     def lr(self) -> float:
@@ -153,7 +160,10 @@ class TrainConfig:
                 raise UsageError(
                     f"--replicas_to_aggregate={self.replicas_to_aggregate}: expected 1 to "
                     f"{num_workers}, the number of workers")
-        for name in ("startup_timeout_secs", "shutdown_timeout_secs", "eval_timeout_secs"):
+        if self.warmup_steps < 0:
+            raise UsageError(f"--warmup_steps={self.warmup_steps}: expected 0 or more")
+        for name in ("startup_timeout_secs", "shutdown_timeout_secs", "eval_timeout_secs",
+                     "sync_timeout_secs"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"--{name}={getattr(self, name)}: expected seconds > 0")
         for name in ("intra_op_threads", "inter_op_threads"):

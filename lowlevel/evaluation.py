@@ -59,14 +59,19 @@ def evaluate(sess, ops: EvalOps) -> dict:
 
 
 class FinalEvalHook(v1.train.SessionRunHook):
-    """Evaluates once, when the monitored session ends normally; result in `.result`."""
+    """Evaluates once, when the monitored session ends normally; result in `.result`.
 
-    def __init__(self, ops: EvalOps):
+    Skipped when `skip` is set (the task is being preempted: training is not over).
+    """
+
+    def __init__(self, ops: EvalOps, skip=None):
         self._ops = ops
+        self._skip = skip
         self.result = None
 
     def end(self, session):
-        self.result = evaluate(session, self._ops)
+        if self._skip is None or not self._skip.is_set():
+            self.result = evaluate(session, self._ops)
 
 
 class EvalTimeout(RuntimeFailure):
@@ -123,7 +128,7 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
                     saver.restore(sess, path)
                 except checkpoints.CheckpointMismatch:
                     raise
-                except (tf.errors.NotFoundError, tf.errors.DataLossError, ValueError) as e:
+                except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
                     logging.warning("evaluator: skipping %s, which is gone or unreadable "
                                     "(deleted by the chief's --keep_checkpoint_max?): %s",
                                     path, getattr(e, "message", e))

@@ -10,7 +10,9 @@ with the task's name (`[ps0]`, `[worker1]`); on a terminal one live progress
 line shows the chief's global step, rate and loss.
 
 Exit status: 0 when every task exited 0; 2 for a usage error (one line on
-stderr). If a task fails, the launcher names it, stops the others and exits 1.
+stderr). With `--max_restarts=N` a task that dies (or is preempted) is started
+again with the same flags, up to N times, and every restart is reported. If a
+task fails for good, the launcher names it, stops the others and exits 1.
 Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
 SIGTERM should the launcher itself die (Linux `PR_SET_PDEATHSIG`), so no
 orphan is left behind.
@@ -27,12 +29,14 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Optional
 
 import portpicker
 from absl import app, flags
 
 from lowlevel import trainer  # defines the trainer flags passed on
 from lowlevel.config import UsageError
+from lowlevel.preemption import PREEMPTED
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
@@ -40,6 +44,9 @@ flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the 
 flags.DEFINE_boolean("evaluator", False, "Add an evaluator task: it evaluates each new "
                      "checkpoint on the test split (<output_dir>/eval/) and exits after the "
                      "final one.")
+flags.DEFINE_integer("max_restarts", 0, "Restart a task that dies or is preempted, with the "
+                     "same flags, up to this many times per task (as a cluster manager with "
+                     "restart-on-failure would); 0: a task that dies fails the run.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
@@ -78,28 +85,104 @@ def _die_with_parent():
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class Supervisor:
-    """Starts the tasks, relays their output and watches their exit statuses."""
+def describe_exit(code: int) -> str:
+    """"exited with status 1", "was killed by SIGKILL", ... for a Popen return code."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
-    def __init__(self, commands: dict[str, list[str]], out=sys.stdout):
+
+class Supervisor:
+    """Starts the tasks, relays their output, watches them end, restarts the ones that die.
+
+    A task has *finished* when its process exits 0 without having logged that
+    it was preempted (`preemption.PREEMPTED`). A task that dies (non-zero
+    status or a signal) or was preempted is started again with the same
+    command, up to `max_restarts` times per task, as a cluster manager with
+    restart-on-failure would; after that it has *failed*. Exit status 2 (a
+    usage error) is never retried: the same command fails the same way.
+
+    Attributes:
+      procs: {task name: its current Popen}.
+      restarts: {task name: restarts so far}.
+      events: (time.time(), task name, what happened) for every start and end,
+        for tools that measure recovery (benchmarks/chaos.py).
+    """
+
+    def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0):
         self.out = out
+        self.commands = commands
+        self.max_restarts = max_restarts
         self.lines: queue.Queue = queue.Queue()
         self.procs: dict[str, subprocess.Popen] = {}
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        for name, argv in commands.items():
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, text=True,
-                                    errors="replace", preexec_fn=_die_with_parent)
-            self.procs[name] = proc
-            threading.Thread(target=self._read, args=(name, proc), daemon=True).start()
+        self.restarts = {name: 0 for name in commands}
+        self.events: list[tuple[float, str, str]] = []
+        self.stopping = False
+        self.progress = None  # the live progress line, when supervise shows one
+        self._preempted: set[int] = set()  # pids that logged a preemption
+        self._open: set[int] = set()  # pids whose output is still being read
+        self._env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name in commands:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        proc = subprocess.Popen(self.commands[name], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=self._env, text=True, errors="replace",
+                                preexec_fn=_die_with_parent)
+        self.procs[name] = proc
+        self._open.add(proc.pid)
+        self.events.append((time.time(), name, "started"))
+        threading.Thread(target=self._read, args=(name, proc), daemon=True).start()
 
     def _read(self, name, proc):
         for line in proc.stdout:
-            self.lines.put((name, line.rstrip("\n")))
-        self.lines.put((name, None))
+            self.lines.put((name, proc.pid, line.rstrip("\n")))
+        self.lines.put((name, proc.pid, None))
+
+    def note_line(self, pid: int, line: Optional[str]) -> None:
+        """Records what a task's output line says about its end (its EOF when None)."""
+        if line is None:
+            self._open.discard(pid)
+        elif PREEMPTED in line:
+            self._preempted.add(pid)
+
+    def check(self, finished: set) -> Optional[str]:
+        """Handles every task that has ended since the last call.
+
+        Adds finished tasks to `finished`, restarts the ones that may be, and
+        returns a message naming the first task that failed (None if none).
+        """
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if name in finished or code is None or proc.pid in self._open:
+                continue  # running, or its last lines are still to be read
+            preempted = proc.pid in self._preempted
+            if code == 0 and not preempted:
+                finished.add(name)
+                self.events.append((time.time(), name, "finished"))
+                continue
+            what = "was preempted (SIGTERM)" if code == 0 else describe_exit(code)
+            self.events.append((time.time(), name, what))
+            if self.stopping:
+                finished.add(name)
+                continue
+            if code == 2 or self.restarts[name] >= self.max_restarts:
+                return f"{name} {what}" + (
+                    f" and has used its {self.max_restarts} restart(s)" if code != 2 and
+                    self.max_restarts else "")
+            self.restarts[name] += 1
+            _write(f"launch: {name} {what}; restarting it (restart {self.restarts[name]} of "
+                   f"{self.max_restarts})", self.progress, self.out)
+            self._start(name)
+        return None
 
     def stop(self, timeout_secs: float) -> None:
         """SIGTERM every live task, then SIGKILL what is left after `timeout_secs`."""
+        self.stopping = True
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -113,30 +196,31 @@ class Supervisor:
 
 
 def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
-    """Relays output until every task has exited; returns the launcher's exit status."""
-    open_streams = set(sup.procs)
+    """Relays output until every task has finished or one has failed; returns the exit status."""
+    sup.progress = progress
+    finished: set = set()
     failed = None
-    while open_streams or any(p.poll() is None for p in sup.procs.values()):
+    while len(finished) < len(sup.procs):
         try:
-            name, line = sup.lines.get(timeout=0.2)
+            name, pid, line = sup.lines.get(timeout=0.2)
         except queue.Empty:
-            name = line = None
-        if line is None and name is not None:
-            open_streams.discard(name)
-        elif line is not None:
+            name = pid = line = None
+        if pid is not None:
+            sup.note_line(pid, line)
+        if line is not None:
             match = PROGRESS.search(line) if progress is not None else None
             if match:  # the bar replaces the workers' progress lines
                 if name == "worker0":
                     progress.update(match)
             else:
                 _write(f"[{name}] {line}", progress, sup.out)
-        for task, proc in sup.procs.items():
-            code = proc.poll()
-            if code not in (None, 0) and failed is None:
-                failed = task
-                _write(f"launch: {task} exited with status {code}; stopping the other tasks",
-                       progress, sup.out)
+        if failed is None:
+            failed = sup.check(finished)
+            if failed:
+                _write(f"launch: {failed}; stopping the other tasks", progress, sup.out)
                 sup.stop(stop_timeout_secs)
+        else:
+            sup.check(finished)
     if progress is not None:
         progress.close(complete=not failed)
     return 1 if failed else 0
@@ -180,6 +264,8 @@ def main(argv) -> int:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
+    if FLAGS.max_restarts < 0:
+        raise UsageError(f"--max_restarts={FLAGS.max_restarts}: expected 0 or more")
     if os.environ.get("TF_CONFIG"):
         raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
@@ -194,7 +280,7 @@ def main(argv) -> int:
           f"{' + evaluator' if FLAGS.evaluator else ''} on localhost; "
           f"output in {output_dir}", flush=True)
     started = time.monotonic()
-    sup = Supervisor(commands)
+    sup = Supervisor(commands, max_restarts=FLAGS.max_restarts)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
@@ -206,8 +292,10 @@ def main(argv) -> int:
     progress = Progress() if sys.stdout.isatty() else None
     code = supervise(sup, FLAGS.stop_timeout_secs, progress)
     elapsed = time.monotonic() - started
+    restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
     if code == 0:
-        print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s; metrics in "
+        print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s"
+              f"{f' (restarts: {restarted})' if restarted else ''}; metrics in "
               f"{os.path.join(output_dir, 'final_metrics.json')}", flush=True)
     return code
 

@@ -10,8 +10,12 @@ cluster itself, with two queues that live in the ps tasks' resource managers
   replica index when its training loop has ended (in `ShutdownHook.end`, the
   last thing its session runs);
 - `lowlevel/stop_ps<K>` on ps K: the chief enqueues one element when it has
-  saved the final checkpoint, evaluated and heard from every worker (or its
-  `shutdown_timeout_secs` ran out). ps K waits on it and exits 0.
+  saved the final checkpoint, evaluated and heard from every worker (a
+  worker whose server has gone counts as done; `shutdown_timeout_secs` bounds
+  the wait). ps K waits on it and exits 0.
+
+Every session a training task creates, the ones that recover from a failed
+ps included, is preceded by `wait_for_ps`, a bounded TCP poll.
 
 Note: a Server listens on all interfaces whatever host the cluster names, with
 no authentication; keep clusters on trusted networks.
@@ -21,11 +25,10 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import socket
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 import tensorflow as tf
 from absl import logging
@@ -36,6 +39,9 @@ from lowlevel.config import RuntimeFailure, UsageError
 v1 = tf.compat.v1
 
 POLL_SECS = 0.5  # how often a waiting loop checks for signals and deadlines
+# How long a worker's port must refuse connections before the chief, at the end
+# of training, stops waiting for that worker's report.
+GONE_SECS = 2.0
 # After the chief's stop signal a ps keeps serving this long, so that the
 # clean-up calls of sessions closing at that moment (the chief's among them)
 # still reach it instead of logging "Cleanup partition error: UNAVAILABLE".
@@ -95,12 +101,34 @@ def check_port_free(address: str, task: Task) -> None:
             sock.close()
 
 
-def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_SECS) -> None:
+def reachable(address: str, timeout_secs: float = 1.0) -> bool:
+    """Whether a TCP connection to `address` ("host:port") is accepted within `timeout_secs`."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_secs).close()
+        return True
+    except OSError:
+        return False
+
+
+def unreachable_tasks(cluster: Cluster, tasks: Iterable[Task]) -> list[str]:
+    """"name at host:port" of each task in `tasks` whose server does not accept connections."""
+    return [f"{t.name} at {cluster.hosts(t.job_name)[t.task_index]}" for t in tasks
+            if not reachable(cluster.hosts(t.job_name)[t.task_index], 0.5)]
+
+
+def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_SECS,
+                give_up: Optional[Callable[[], None]] = None) -> None:
     """Polls until every ps task accepts TCP connections.
 
     A session on a cluster whose ps is down waits in CreateSession forever,
     logging "CreateSession still waiting for response from worker"; this
-    bounded wait names the task instead.
+    bounded wait names the task instead. It runs before every session is
+    created, the ones that recover from a ps failure included.
+
+    Args:
+      give_up: called every poll; it may raise to end the wait (a worker
+        whose run has finished meanwhile raises `checkpoints.TrainingFinished`).
 
     Raises:
       StartupError: a ps did not answer within `timeout_secs`; the message
@@ -109,16 +137,12 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
     deadline = time.monotonic() + timeout_secs
     waiting = dict(enumerate(cluster.ps_hosts))
     logged = False
-    while waiting:
-        for k, address in list(waiting.items()):
-            host, _, port = address.rpartition(":")
-            try:
-                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
-                del waiting[k]
-            except OSError:
-                pass
+    while True:
+        waiting = {k: a for k, a in waiting.items() if not reachable(a)}
         if not waiting:
             return
+        if give_up is not None:
+            give_up()
         if time.monotonic() >= deadline:
             k, address = next(iter(waiting.items()))
             raise StartupError(
@@ -166,21 +190,51 @@ class ShutdownChannel:
                          .enqueue(0) for k in range(num_ps)]
 
     def report_done(self, sess, task_index: int) -> None:
-        """Tells the chief that training task `task_index` (its replica index) has finished."""
-        sess.run(self._report_done, {self._task_index: task_index},
-                 options=v1.RunOptions(timeout_in_ms=10_000))
+        """Tells the chief that training task `task_index` (its replica index) has finished.
 
-    def wait_for_workers(self, sess, expected: Iterable[int], timeout_secs: float) -> set:
-        """Waits until every worker in `expected` reported done; returns the missing ones."""
-        missing = set(expected)
+        Best effort: if ps 0 cannot be reached (it is being restarted), the
+        chief notices this worker's exit instead (`wait_for_workers`).
+        """
+        try:
+            sess.run(self._report_done, {self._task_index: task_index},
+                     options=v1.RunOptions(timeout_in_ms=10_000))
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError) as e:
+            logging.warning("could not report the end of training to ps0: %s", e.message)
+
+    def wait_for_workers(self, sess, workers: dict[int, str], timeout_secs: float,
+                         stop: Optional[threading.Event] = None) -> dict[int, str]:
+        """Waits until every worker has reported done or is gone; returns the ones still missing.
+
+        A worker counts as gone once its server has refused connections for
+        `GONE_SECS`: it exited (or died) after its last step, or its report
+        was lost with a restarted ps 0. A worker restarted after this point
+        finds the final checkpoint and exits at once.
+
+        Args:
+          workers: {replica index: "host:port"} of the workers to hear from.
+          timeout_secs: the longest wait.
+          stop: ends the wait early when set (the chief is being preempted).
+        """
+        missing = dict(workers)
+        refused_since: dict[int, float] = {}
         deadline = time.monotonic() + timeout_secs
-        while missing and time.monotonic() < deadline:
-            ms = int(min(POLL_SECS, deadline - time.monotonic()) * 1000) + 1
+        while missing and time.monotonic() < deadline and not (stop and stop.is_set()):
+            ms = int(min(POLL_SECS, max(0.0, deadline - time.monotonic())) * 1000) + 1
             try:
-                missing.discard(int(sess.run(self._next_done,
-                                             options=v1.RunOptions(timeout_in_ms=ms))))
+                missing.pop(int(sess.run(self._next_done,
+                                         options=v1.RunOptions(timeout_in_ms=ms))), None)
+                continue
             except tf.errors.DeadlineExceededError:
                 pass
+            now = time.monotonic()
+            for i, address in list(missing.items()):
+                if reachable(address, 0.2):
+                    refused_since.pop(i, None)
+                elif now - refused_since.setdefault(i, now) >= GONE_SECS:
+                    logging.info("chief: the worker at %s has exited; not waiting for its "
+                                 "report", address)
+                    del missing[i]
         return missing
 
     def stop_ps(self, sess) -> None:
@@ -193,66 +247,77 @@ class ShutdownChannel:
                 logging.warning("could not reach ps%d to stop it: %s", k, e.message)
 
 
+def stop_cluster(server, cluster: Cluster, config, timeout_secs: float) -> None:
+    """Tells every ps task to exit, from a session of its own (a chief with nothing to train).
+
+    Raises:
+      StartupError: a ps did not answer within `timeout_secs`.
+    """
+    wait_for_ps(cluster, timeout_secs)
+    with tf.Graph().as_default():
+        channel = ShutdownChannel(cluster.num_ps)
+        with v1.Session(server.target, config=config) as sess:
+            channel.stop_ps(sess)
+    logging.info("chief: told %d ps task(s) to exit", cluster.num_ps)
+
+
 class ShutdownHook(v1.train.SessionRunHook):
     """Runs the end-of-training handshake in the worker's own session, at its end.
 
     It is the last hook, so it runs after the chief's final checkpoint and
     evaluation, and before the session is closed: no new session is needed
     (creating one can wait seconds behind the closing one's clean-up,
-    tensorflow/tensorflow#21745).
+    tensorflow/tensorflow#21745). Nothing is done when the task is being
+    preempted: it will be back, and the run is not over.
 
     Args:
       channel: the `ShutdownChannel` in the graph.
       task: this worker.
       cluster: the cluster (for the other training tasks).
       timeout_secs: how long the chief waits for the other workers' reports.
+      preempted: set when the task is being preempted.
     """
 
     def __init__(self, channel: ShutdownChannel, task: Task, cluster: Cluster,
-                 timeout_secs: float):
+                 timeout_secs: float, preempted: Optional[threading.Event] = None):
         self._channel = channel
         self._task = task
-        self._names = [t.name for t in cluster.training_tasks()]
+        self._cluster = cluster
         self._timeout_secs = timeout_secs
+        self._preempted = preempted or threading.Event()
 
     def end(self, session):
+        if self._preempted.is_set():
+            return
         if not self._task.is_chief:
             self._channel.report_done(session, self._task.replica_index)
             return
-        missing = self._channel.wait_for_workers(session, range(1, len(self._names)),
-                                                 self._timeout_secs)
+        others = {t.replica_index: self._cluster.hosts(t.job_name)[t.task_index]
+                  for t in self._cluster.training_tasks() if not t.is_chief}
+        missing = self._channel.wait_for_workers(session, others, self._timeout_secs,
+                                                 self._preempted)
+        if self._preempted.is_set():
+            return
         if missing:
-            logging.warning("chief: no end-of-training report from %s within %.0f s; "
-                            "stopping the ps tasks anyway",
-                            ", ".join(self._names[i] for i in sorted(missing)),
-                            self._timeout_secs)
+            logging.warning("chief: no end-of-training report from the workers at %s within "
+                            "%.0f s; stopping the ps tasks anyway",
+                            ", ".join(missing.values()), self._timeout_secs)
         self._channel.stop_ps(session)
         logging.info("chief: told %d ps task(s) to exit", self._channel.num_ps)
-
-
-class _Signals:
-    """Records SIGTERM/SIGINT instead of dying inside a blocking TensorFlow call."""
-
-    def __init__(self):
-        self.received = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.received = signum
 
 
 def run_std_server(server, task: Task, config=None) -> int:
     """Serves as ps `task.task_index` until the chief's stop signal; returns an exit status.
 
     The wait for the signal is one blocking dequeue in a helper thread (a
-    polling dequeue with a deadline makes the ps cancel a step every poll); the
-    main thread stays free to handle SIGTERM and SIGINT.
+    polling dequeue with a deadline makes the ps cancel a step every poll).
+    SIGTERM and SIGINT are handled by `preemption.Preemption`, which ends the
+    process at once (a ps has nothing to save: the chief's checkpoints are the
+    state that survives it).
 
     Returns:
-      0 after the chief's stop signal or a SIGTERM; 130 after SIGINT (Ctrl-C).
+      0 after the chief's stop signal.
     """
-    signals = _Signals()
     start_time = time.monotonic()
     stopped = threading.Event()
     with tf.Graph().as_default():
@@ -267,14 +332,8 @@ def run_std_server(server, task: Task, config=None) -> int:
     threading.Thread(target=wait_for_chief, name="wait_for_chief", daemon=True).start()
     logging.info("%s: serving variables; will exit when the chief signals the end of "
                  "training", task.name)
-    while signals.received is None and not stopped.wait(POLL_SECS):
-        pass
-    served = time.monotonic() - start_time
-    if not stopped.is_set():
-        name = signal.Signals(signals.received).name
-        logging.info("%s: received %s after %.1f s; exiting", task.name, name, served)
-        return 130 if signals.received == signal.SIGINT else 0
+    stopped.wait()
     logging.info("%s: the chief signalled the end of training after %.1f s; exiting",
-                 task.name, served)
+                 task.name, time.monotonic() - start_time)
     time.sleep(LINGER_SECS)
     return 0

@@ -93,6 +93,11 @@ flags.DEFINE_float("startup_timeout_secs", 600.0, "How long a worker waits for t
                    "tasks and the chief's model before giving up (exit 1, naming the task).")
 flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for a new "
                    "checkpoint before giving up (exit 1).")
+flags.DEFINE_float("sync_timeout_secs", 30.0, "Sync mode: how long one step may wait for "
+                   "gradients before the chief logs which workers do not answer (it keeps "
+                   "waiting; the step completes when they are back).")
+flags.DEFINE_integer("warmup_steps", 20, "Each task's first local steps, left out of the "
+                     "step times in <output_dir>/tasks/<task>.json.")
 
 
 def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
@@ -120,6 +125,7 @@ def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
         shutdown_timeout_secs=FLAGS.shutdown_timeout_secs,
         startup_timeout_secs=FLAGS.startup_timeout_secs,
         eval_timeout_secs=FLAGS.eval_timeout_secs,
+        sync_timeout_secs=FLAGS.sync_timeout_secs, warmup_steps=FLAGS.warmup_steps,
     ).validate(num_workers)
 
 
@@ -155,10 +161,11 @@ def ensure_writable(output_dir: str) -> None:
                          "give a writable directory") from None
 
 
-def main(argv) -> int:
+def main(argv, preemption) -> int:
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     cluster, task, schedule = task_from_flags()
+    preemption.task_name = task.name
     evaluating = task.job_name == cluster_lib.EVALUATOR
     config = config_from_flags(cluster.num_workers if cluster else None if evaluating else 1)
     if evaluating and not config.output_dir:
@@ -171,17 +178,20 @@ def main(argv) -> int:
 
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
+    from lowlevel import checkpoints
     from lowlevel import data as data_lib
     from lowlevel import server as server_lib
     from lowlevel import training
 
-    if schedule == config_lib.RUN_STD_SERVER:
+    session_config = server = None
+    if cluster and not evaluating:
         session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
                                                    config.inter_op_threads)
+    if schedule == config_lib.RUN_STD_SERVER:
         server = server_lib.start(cluster, task, session_config)
         return server_lib.run_std_server(server, task, session_config)
-    data = data_lib.load(config.dataset, config.data_dir)
     if evaluating:
+        data = data_lib.load(config.dataset, config.data_dir)
         from lowlevel import evaluation
         record = evaluation.continuous_eval(
             config, data, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA,
@@ -189,24 +199,49 @@ def main(argv) -> int:
                                      inter_op_parallelism_threads=config.inter_op_threads or 1))
         print(json.dumps(record), flush=True)
         return 0
-    session_config = server = None
     if cluster:
-        session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
-                                                   config.inter_op_threads)
         server = server_lib.start(cluster, task, session_config)
-    worker_gpu = config.worker_gpu
-    if worker_gpu is None:
-        worker_gpu = len(tf.config.list_physical_devices("GPU"))
-    shape = (f"{cluster.num_ps} ps + {cluster.num_workers} workers, "
-             f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
-    logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name, config.model,
-                 data.name, len(data.train), len(data.test), shape)
-    metrics = training.train(config, data, cluster, task, server, session_config, worker_gpu)
+    try:
+        checkpoints.check_finished(config.output_dir, config.train_steps)
+        data = data_lib.load(config.dataset, config.data_dir)
+        worker_gpu = config.worker_gpu
+        if worker_gpu is None:
+            worker_gpu = len(tf.config.list_physical_devices("GPU"))
+        shape = (f"{cluster.num_ps} ps + {cluster.num_workers} workers, "
+                 f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
+        logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name,
+                     config.model, data.name, len(data.train), len(data.test), shape)
+        metrics = training.train(config, data, cluster, task, server, session_config,
+                                 worker_gpu, preemption)
+    except checkpoints.TrainingFinished as done:
+        logging.info("%s: nothing to train: %s, and --train_steps=%d", task.name, done,
+                     config.train_steps)
+        metrics = None
+        if task.is_chief:
+            if cluster:  # the ps tasks of this (re)started cluster wait for the chief's word
+                server_lib.stop_cluster(server, cluster, session_config,
+                                        config.startup_timeout_secs)
+            metrics = _previous_metrics(config.output_dir, done.step)
+    if preemption.signum is not None:
+        from lowlevel.preemption import exit_status
+        return exit_status(preemption.signum)
     if metrics is not None:
         line = json.dumps(metrics)
         logging.info("final metrics: %s", line)
         print(line, flush=True)
     return 0
+
+
+def _previous_metrics(output_dir: str, step: int) -> dict:
+    """The final metrics a finished run left in `output_dir`, or the step alone."""
+    try:
+        with open(os.path.join(output_dir, "final_metrics.json")) as f:
+            metrics = json.load(f)
+        if metrics.get("global_step") == step:
+            return metrics
+    except (OSError, ValueError):
+        pass
+    return {"global_step": step, "start_global_step": step}
 
 
 def _error_line(e: BaseException) -> str:
@@ -218,8 +253,10 @@ def _error_line(e: BaseException) -> str:
 
 
 def _main_or_exit(argv):
+    from lowlevel.preemption import Preemption
+    preemption = Preemption()  # first: before TensorFlow starts any thread
     try:
-        code = main(argv)
+        code = main(argv, preemption)
     except UsageError as e:
         sys.stderr.write(f"lowlevel.trainer: error: {e}\n")
         code = 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from typing import Optional
 
@@ -22,6 +23,7 @@ from lowlevel import checkpoints, evaluation, hooks, models, placement
 from lowlevel import server as server_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
+from lowlevel.preemption import Preemption
 
 v1 = tf.compat.v1
 
@@ -44,12 +46,40 @@ def make_optimizer(name: str, learning_rate: float):
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def counted_update(opt, loss, global_step, last_step: int):
+    """An async training step that stops global_step at exactly `last_step`.
+
+    The step reserves its number first with `ResourceCountUpTo` (one atomic
+    op on global_step's ps: returns the old value and adds 1, or fails with
+    `OutOfRangeError` once the value is `last_step`), and its gradients are
+    applied only after that. Each step number up to `last_step` is taken by
+    exactly one worker, so the run ends at exactly `last_step`; with
+    `minimize(global_step=...)` every worker that read the step before the end
+    applies its update and the step overshoots by up to (workers - 1).
+
+    Returns:
+      int64 scalar: this step's number (the global step after it). Running it
+      raises `tf.errors.OutOfRangeError` when no step is left.
+    """
+    grads_and_vars = [(g, v) for g, v in opt.compute_gradients(loss) if g is not None]
+    with tf.device(global_step.device):
+        previous = tf.raw_ops.ResourceCountUpTo(resource=global_step.handle, limit=last_step,
+                                                T=tf.int64)
+    gated = []
+    for g, v in grads_and_vars:  # the gate sits beside the variable: no extra round trip
+        with tf.device(v.device), tf.control_dependencies([previous]):
+            gated.append((tf.identity(g), v))
+    update = opt.apply_gradients(gated)
+    with tf.control_dependencies([update]):
+        return previous + 1
+
+
 @dataclasses.dataclass
 class TrainGraph:
     """What `build` puts in the graph, for one worker."""
 
     graph: object
-    train_op: object  # int64 scalar: the global step read after this step's update
+    train_op: object  # int64 scalar: the global step after this step's update
     loss: object
     global_step: object
     scaffold: object
@@ -60,8 +90,15 @@ class TrainGraph:
 
 
 def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
-          task: Task, worker_gpu: int) -> TrainGraph:
-    """Builds worker `task`'s training graph (the in-process one with `cluster=None`)."""
+          task: Task, worker_gpu: int, preempted: Optional[threading.Event] = None
+          ) -> TrainGraph:
+    """Builds worker `task`'s training graph (the in-process one with `cluster=None`).
+
+    Args:
+      preempted: set when the task is being preempted; the end-of-training
+        hooks (final evaluation, shutdown handshake) then do nothing.
+    """
+    preempted = preempted or threading.Event()
     num_workers = cluster.num_workers if cluster else 1
     sync = bool(config.sync and cluster)
     replicas = config.replicas_to_aggregate or num_workers
@@ -88,17 +125,18 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             if sync:
                 opt = v1.train.SyncReplicasOptimizer(
                     opt, replicas_to_aggregate=replicas, total_num_replicas=num_workers)
-            update = opt.minimize(loss, global_step=global_step)
-            # Fetching the step read *after* the update lets a worker stop as soon
-            # as the last step is done; StopAtStepHook alone reads it before the
-            # update and lets async workers run a few steps past the end.
-            with tf.control_dependencies([update]):
-                train_op = global_step.read_value()
+                update = opt.minimize(loss, global_step=global_step)
+                # The step read after the update lets a worker stop as soon as the
+                # last step is done (only the chief's sync loop moves it).
+                with tf.control_dependencies([update]):
+                    train_op = global_step.read_value()
+            else:
+                train_op = counted_update(opt, loss, global_step, config.train_steps)
             final_eval = None
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(evaluation.build(
                     data.test, data.max_value, config.model, data.num_classes, hidden,
-                    config.seed))
+                    config.seed), skip=preempted)
             shutdown = server_lib.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", loss)
         v1.summary.scalar("accuracy", accuracy)
@@ -112,11 +150,14 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         examples_per_step = config.batch_size * (replicas if sync else 1)
         summary_dir = config.output_dir if task.is_chief else None
         progress = hooks.ProgressHook(global_step, loss, examples_per_step,
-                                      config.train_steps, config.log_every_secs, summary_dir)
-        run_hooks = [progress, v1.train.StopAtStepHook(last_step=config.train_steps)]
+                                      config.train_steps, config.log_every_secs, summary_dir,
+                                      config.warmup_steps, config.batch_size)
+        run_hooks = [progress]
         if sync:
-            run_hooks.append(hooks.SyncReplicasHook(opt, task.is_chief, global_step,
-                                                    config.train_steps))
+            others = [t for t in cluster.training_tasks() if not t.is_chief]
+            run_hooks.append(hooks.SyncReplicasHook(
+                opt, task.is_chief, global_step, config.train_steps, config.sync_timeout_secs,
+                lambda: server_lib.unreachable_tasks(cluster, others)))
         if task.is_chief and config.output_dir:
             steps = config.save_checkpoint_steps
             run_hooks += [
@@ -130,42 +171,70 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             run_hooks.append(final_eval)
         if shutdown:  # last: after the final checkpoint and evaluation
             run_hooks.append(server_lib.ShutdownHook(shutdown, task, cluster,
-                                                     config.shutdown_timeout_secs))
+                                                     config.shutdown_timeout_secs, preempted))
     return TrainGraph(graph, train_op, loss, global_step, scaffold, run_hooks, progress,
                       final_eval, examples_per_step)
 
 
 def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
-          task: Task, server=None, session_config=None, worker_gpu: int = 0) -> Optional[dict]:
+          task: Task, server=None, session_config=None, worker_gpu: int = 0,
+          preemption: Optional[Preemption] = None) -> Optional[dict]:
     """Runs worker `task` to `config.train_steps`; returns the chief's final metrics.
+
+    Failures of other tasks are recovered from inside (`MonitoredSession`
+    recreates the session on `UnavailableError`/`AbortedError`; the creators
+    in `hooks` wait for the ps tasks, then adopt, restore or wait for the
+    model). A preemption (`preemption.requested`) stops the loop after the
+    current step; the chief's session close then saves a checkpoint.
 
     The chief's metrics (also written to `<output_dir>/final_metrics.json`):
     global_step, start_global_step, accuracy, loss (test split),
     train_examples_per_sec (all workers), wall_seconds (from building the
     graph to the end of the final evaluation and shutdown handshake), num_ps,
-    num_workers, sync, model, dataset, batch_size.
+    num_workers, sync, model, dataset, batch_size. Every training task also
+    writes its own step times to `<output_dir>/tasks/<task>.json`
+    (`ProgressHook.task_record`).
+
+    Returns:
+      The chief's metrics; None on other workers and when preempted.
 
     Raises:
       checkpoints.CheckpointMismatch: the checkpoint in `output_dir` is of
         another model (checked before anything runs).
+      checkpoints.TrainingFinished: (non-chief) the run ended while this
+        worker waited for the cluster.
       server.StartupError: a ps did not answer, or (non-chief) the chief had
         not initialised the model, within `config.startup_timeout_secs`.
     """
     started = time.monotonic()
-    g = build(config, data, cluster, task, worker_gpu)
+    preempted = preemption.requested if preemption else threading.Event()
+    g = build(config, data, cluster, task, worker_gpu, preempted)
+    newest = checkpoints.newest_readable(config.output_dir)
     checkpoints.check_compatible(config.output_dir,
-                                 g.graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
-    if cluster:
-        server_lib.wait_for_ps(cluster, config.startup_timeout_secs)
+                                 g.graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
+                                 newest[0] if newest else None)
     master = server.target if server else ""
+    wait_for_cluster = cluster_alive = None
+    if cluster:
+        def cluster_alive():
+            return all(server_lib.reachable(a, 0.1) for a in cluster.ps_hosts)
+
+        def wait_for_cluster():
+            give_up = None
+            if not task.is_chief and config.output_dir:
+                def give_up():
+                    checkpoints.check_finished(config.output_dir, config.train_steps)
+            server_lib.wait_for_ps(cluster, config.startup_timeout_secs, give_up=give_up)
+
     with g.graph.as_default():
         if task.is_chief:
             creator = hooks.ChiefSessionCreator(g.scaffold, master, session_config,
-                                                checkpoint_dir=config.output_dir)
+                                                config.output_dir, wait_for_cluster,
+                                                cluster_alive)
         else:
-            remaining = max(1.0, config.startup_timeout_secs - (time.monotonic() - started))
             creator = hooks.WorkerSessionCreator(g.scaffold, master, session_config,
-                                                 max_wait_secs=remaining)
+                                                 config.startup_timeout_secs, wait_for_cluster,
+                                                 cluster_alive)
         logging.info("%s: graph built in %.1f s; creating session", task.name,
                      time.monotonic() - started)
         try:
@@ -180,20 +249,63 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         with sess:
             logging.info("%s: session ready at global step %d after %.1f s%s", task.name,
                          g.progress.initial_step, time.monotonic() - started,
-                         " (restored from checkpoint)" if task.is_chief and
-                         g.progress.initial_step else "")
-            while not sess.should_stop():
-                if sess.run(g.train_op) >= config.train_steps:
+                         f" ({creator.describe()})" if task.is_chief and
+                         creator.origin != "initialised" else "")
+            if preemption:
+                preemption.training_started(
+                    _emergency_save(sess, g, config.output_dir) if task.is_chief else None)
+            while not sess.should_stop() and not preempted.is_set():
+                try:
+                    if sess.run(g.train_op) >= config.train_steps:
+                        break
+                except tf.errors.OutOfRangeError:  # another worker took the last step
                     break
-            logging.info("%s: last step done; closing the session", task.name)
+            logging.info("%s: %s; closing the session", task.name,
+                         "stopping for the preemption" if preempted.is_set()
+                         else "last step done")
         v1.summary.FileWriterCache.clear()  # flush and close the summary writers
+        if preempted.is_set():
+            saved = checkpoints.latest(config.output_dir) if task.is_chief else None
+            logging.info("%s: preempted at global step %s%s; exiting", task.name,
+                         g.progress.end_step,
+                         f"; saved {os.path.basename(saved)}" if saved else "")
+            if preemption:
+                preemption.mark_safe()
+            return None
         logging.info("%s: training done at global step %s after %d local steps",
                      task.name, g.progress.end_step, g.progress.local_steps)
+        _write_json(config.output_dir, os.path.join("tasks", f"{task.name}.json"),
+                    dict(task=task.name, **g.progress.task_record()))
         metrics = _final_metrics(config, cluster, g, time.monotonic() - started)
-        if task.is_chief and config.output_dir:
-            with open(os.path.join(config.output_dir, "final_metrics.json"), "w") as f:
-                json.dump(metrics, f, indent=2)
+        if task.is_chief:
+            _write_json(config.output_dir, "final_metrics.json", metrics)
     return metrics if task.is_chief else None
+
+
+def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):
+    """The chief's `on_stuck` action: saves a checkpoint from the signal thread."""
+    def save() -> bool:
+        raw = sess._coordinated_creator.tf_sess  # noqa: SLF001 - the live tf.Session
+        if not output_dir:
+            return True
+        if raw is None:
+            logging.info("no live session (it is being recreated after a failure); the last "
+                         "checkpoint stands")
+            return True
+        path = g.scaffold.saver.save(raw, os.path.join(output_dir, "model.ckpt"),
+                                     global_step=g.global_step)
+        logging.info("saved %s", path)
+        return True
+    return save
+
+
+def _write_json(output_dir: Optional[str], name: str, value: dict) -> None:
+    if not output_dir:
+        return
+    path = os.path.join(output_dir, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
 
 
 def _final_metrics(config, cluster, g: TrainGraph, wall_seconds: float) -> dict:

@@ -46,7 +46,13 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     m2 = clusters.final_metrics(out)
     assert m2["start_global_step"] >= m1["global_step"]  # restored, not started over
     assert m2["global_step"] >= 800
-    assert "(restored from checkpoint)" in second.stdout
+    assert "(restored from checkpoint model.ckpt-" in second.stdout
+
+    third = _launch(out, "--train_steps=800")  # nothing left to train: every task ends at once
+    assert third.returncode == 0, third.stdout[-4000:]
+    assert "[worker0]" in third.stdout and "nothing to train" in third.stdout
+    assert "[worker1]" in third.stdout and "session ready" not in third.stdout
+    assert clusters.final_metrics(out) == m2
     assert not _leftovers(out)
 
 

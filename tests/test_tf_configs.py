@@ -94,5 +94,5 @@ def test_every_printed_line_starts_a_working_cluster(ports, tmp_path, layout):
         last_line = open(logs["evaluator0"]).read().strip().splitlines()[-1]
         assert json.loads(last_line) == final
     else:
-        assert 600 <= metrics["global_step"] <= 602 and not metrics["sync"]
+        assert metrics["global_step"] == 600 and not metrics["sync"]
         assert (metrics["num_workers"], metrics["num_ps"]) == (3, 2)

@@ -1,0 +1,130 @@
+"""SIGTERM and SIGINT for a task: stop at a safe point, within seconds, with status 0.
+
+Cluster managers preempt a task with SIGTERM and kill it a grace period later
+(Kubernetes: 30 s by default; here we aim for 5 s). A Python signal handler
+runs only when the main thread is between bytecodes, and a training task's
+main thread spends its time inside `session.run`, which can block for long
+(a sync worker waiting for its token while another worker is down). So both
+signals are blocked in every thread of the process (set before TensorFlow
+starts its own threads, which inherit the mask) and taken by one thread that
+waits for them with `sigwait`; it works whatever the main thread is doing.
+
+What happens on a signal depends on the phase the task has reached:
+
+- before training (importing TensorFlow, building the graph, waiting for the
+  cluster): nothing is at stake; the process exits at once;
+- training: `requested` is set; the training loop stops after its current
+  step, the chief's session close saves a checkpoint, and the process exits
+  0. If that has not happened within `GRACE_SECS` (the main thread is blocked)
+  the task's `on_stuck` action runs (the chief saves a checkpoint from this
+  thread) and the process exits: 0 if the action succeeded, 1 if not.
+
+The exit status is 0 for SIGTERM (preemption is not a failure when the state is
+safe) and 130 for SIGINT (Ctrl-C), as shells expect.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Callable, Optional
+
+from absl import logging
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Seconds between the signal and the fallback `on_stuck` action: the main
+# thread normally finishes its step and the chief its checkpoint well within it.
+GRACE_SECS = 3.0
+# The line a preempted task logs before it exits 0; the launcher restarts a task
+# that printed it (and only such a task, among those that exit 0).
+PREEMPTED = "preempted by"
+
+
+def exit_status(signum: int) -> int:
+    """0 for SIGTERM (a preemption), 128 + signal number otherwise (130 for SIGINT)."""
+    return 0 if signum == signal.SIGTERM else 128 + signum
+
+
+class Preemption:
+    """Owns SIGTERM and SIGINT for the life of the process. Create it first, in the main thread.
+
+    Attributes:
+      requested: set once a signal arrived during training; the loop polls it.
+      signum: the signal received, or None.
+    """
+
+    def __init__(self, task_name: str = "task"):
+        self.task_name = task_name
+        self.requested = threading.Event()
+        self.signum: Optional[int] = None
+        self._training = False
+        self._on_stuck: Optional[Callable[[], bool]] = None
+        self._safe = False
+        self._lock = threading.Lock()
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        threading.Thread(target=self._wait, name="preemption", daemon=True).start()
+
+    def training_started(self, on_stuck: Optional[Callable[[], bool]] = None) -> None:
+        """From now on a signal stops training at a safe point instead of exiting at once.
+
+        Args:
+          on_stuck: run from the signal thread if the main thread has not
+            exited `GRACE_SECS` after the signal; returns whether the state is
+            safe (the chief: a checkpoint was saved). None: nothing to save.
+        """
+        with self._lock:
+            self._training = True
+            self._on_stuck = on_stuck
+
+    def mark_safe(self) -> None:
+        """The main thread has saved the training state: if it is slow to exit now, just exit."""
+        with self._lock:
+            self._safe = True
+
+    def _wait(self):
+        signum = signal.sigwait(SIGNALS)
+        self.signum = signum
+        name = signal.Signals(signum).name
+        with self._lock:
+            training, on_stuck = self._training, self._on_stuck
+            self.requested.set()
+        if not training:
+            logging.info("%s: %s %s; nothing to save here; exiting", self.task_name,
+                         PREEMPTED, name)
+            _exit(exit_status(signum))
+        logging.info("%s: %s %s; stopping at the end of the current step", self.task_name,
+                     PREEMPTED, name)
+        # A second signal, or the grace period running out, means the main thread
+        # is stuck: save what can be saved from here and leave.
+        threading.Thread(target=self._second_signal, daemon=True).start()
+        self._stuck_timer = threading.Timer(GRACE_SECS, self._give_up, args=(on_stuck,))
+        self._stuck_timer.daemon = True
+        self._stuck_timer.start()
+
+    def _second_signal(self):
+        signal.sigwait(SIGNALS)
+        logging.warning("%s: second signal; exiting now", self.task_name)
+        _exit(exit_status(self.signum))
+
+    def _give_up(self, on_stuck):
+        logging.warning("%s: the current step has not finished %.0f s after the signal "
+                        "(blocked on another task?)", self.task_name, GRACE_SECS)
+        safe = True
+        with self._lock:
+            if self._safe:
+                on_stuck = None
+        if on_stuck is not None:
+            try:
+                safe = bool(on_stuck())
+            except Exception as e:  # noqa: BLE001 - reported; the exit status says it
+                logging.error("%s: could not save the training state: %s", self.task_name, e)
+                safe = False
+        _exit(exit_status(self.signum) if safe else 1)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
