@@ -50,6 +50,7 @@ flags.DEFINE_integer("max_restarts", 0, "Restart a task that dies or is preempte
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
+CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index", "schedule")
 PROGRESS = re.compile(r"step (\d+)/(\d+) \| loss ([\d.]+) \| ([\d,]+) examples/s \| "
                       r"([\d.]+) steps/s")
@@ -99,7 +100,8 @@ class Supervisor:
     """Starts the tasks, relays their output, watches them end, restarts the ones that die.
 
     A task has *finished* when its process exits 0 without having logged that
-    it was preempted (`preemption.PREEMPTED`). A task that dies (non-zero
+    it was preempted (`preemption.PREEMPTED`), or when it ends in any way after
+    the chief (`worker0`) has finished: the run is over then. A task that dies (non-zero
     status or a signal) or was preempted is started again with the same
     command, up to `max_restarts` times per task, as a cluster manager with
     restart-on-failure would; after that it has *failed*. Exit status 2 (a
@@ -170,6 +172,11 @@ class Supervisor:
             if self.stopping:
                 finished.add(name)
                 continue
+            if CHIEF in finished:  # the run is over: nothing for this task to do again
+                _write(f"launch: {name} {what} after the chief finished; not restarting it",
+                       self.progress, self.out)
+                finished.add(name)
+                continue
             if code == 2 or self.restarts[name] >= self.max_restarts:
                 return f"{name} {what}" + (
                     f" and has used its {self.max_restarts} restart(s)" if code != 2 and
@@ -210,7 +217,7 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
         if line is not None:
             match = PROGRESS.search(line) if progress is not None else None
             if match:  # the bar replaces the workers' progress lines
-                if name == "worker0":
+                if name == CHIEF:
                     progress.update(match)
             else:
                 _write(f"[{name}] {line}", progress, sup.out)

@@ -37,6 +37,11 @@ from lowlevel.config import (DATASETS, MODELS, OPTIMIZERS, SCHEDULES, RuntimeFai
 
 FLAGS = flags.FLAGS
 
+# A chief that finds the run finished tells the ps tasks to exit. They may be
+# starting (the whole cluster was restarted) or long gone (only the chief was
+# restarted, after the end-of-training handshake); it waits this long for them.
+FINISHED_PS_WAIT_SECS = 30.0
+
 # Cluster.
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the ps tasks.")
 flags.DEFINE_string("worker_hosts", "", "Comma-separated host:port of the worker tasks; "
@@ -220,7 +225,7 @@ def main(argv, preemption) -> int:
         if task.is_chief:
             if cluster:  # the ps tasks of this (re)started cluster wait for the chief's word
                 server_lib.stop_cluster(server, cluster, session_config,
-                                        config.startup_timeout_secs)
+                                        min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
     if preemption.signum is not None:
         from lowlevel.preemption import exit_status
