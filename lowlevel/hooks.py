@@ -1,19 +1,10 @@
-"""Session-run hooks and session creators that fix the classic runtime's waits.
+"""Session-run hooks of the training loop.
 
-- `ChiefSessionCreator` / `WorkerSessionCreator`: the stock creators build a
-  `SessionManager` with `recovery_wait_secs=30`, so a non-chief worker that
-  asks before the chief has initialised the model sleeps 30 s
-  (tensorflow/tensorflow#10679; `MonitoredTrainingSession` in 2.21 has no
-  argument for it). These poll every `RECOVERY_WAIT_SECS` instead, as
-  TensorFlow's own `mnist_replica.py` does with its 1 s. They also make
-  every recovery bounded and lossless: see `ChiefSessionCreator`.
-- Both creators bound the final `Session.close()` to `CLOSE_TIMEOUT_SECS`: a
-  distributed session's close sometimes blocks for several seconds in
-  TF_CloseSession after the work is done (tensorflow/tensorflow#21745; seen
-  here for 4-37 s), and the ps tasks may have exited by then. The end-of-
-  training handshake has run before the close (`server.ShutdownHook`) and
-  the process is exiting, so the close is left to finish, or not, in a
-  daemon thread.
+- `CheckpointHook`, `SummaryHook`: the chief's checkpoints and TensorBoard
+  summaries. The stock `CheckpointSaverHook` and `SummarySaverHook` each add
+  a read of global_step to every step — a round trip to its ps that the
+  communication-reduced mode's local steps would otherwise not make at all.
+  These take the step the training loop already knows (`StepCounter`).
 - `SyncReplicasHook`: `SyncReplicasOptimizer`'s own hook, except that the
   chief's sync loop ends by itself at the last step instead of blocking in
   the ps's accumulators until its session is cancelled, and a step stuck on
@@ -33,152 +24,99 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import checkpoints
-
 v1 = tf.compat.v1
 
-RECOVERY_WAIT_SECS = 0.5
-CLOSE_TIMEOUT_SECS = 2.0
+
+class StepCounter:
+    """The global step as the training loop last saw it (`value`), so hooks need not read it."""
+
+    def __init__(self):
+        self.value = 0
 
 
-def _bounded_close(sess, cluster_alive=None):
-    """Makes `sess.close()` return after at most `CLOSE_TIMEOUT_SECS` seconds.
+class CheckpointHook(v1.train.SessionRunHook):
+    """Saves a checkpoint every `save_steps` global steps or `save_secs` seconds, and at the end.
 
-    With `cluster_alive` (returns whether every ps task answers) it returns at
-    once when a ps is gone: the close of a session that lost its ps (the one a
-    recovery replaces) cannot complete, and waiting for it only delays the
-    recovery.
-    """
-    close = sess.close
+    Writes `graph.pbtxt` and the graph summary when the first session is
+    created, and saves the state it starts from (as the stock hook does). The
+    final save in `end` runs after every earlier hook's `end`: place it after
+    the hook that waits for the other workers, so it holds their last updates.
 
-    def bounded():
-        t = threading.Thread(target=close, name="session_close", daemon=True)
-        t.start()
-        deadline = time.monotonic() + CLOSE_TIMEOUT_SECS
-        while t.is_alive() and time.monotonic() < deadline:
-            t.join(0.1)
-            if cluster_alive is not None and t.is_alive() and not cluster_alive():
-                return
-        if t.is_alive():
-            logging.info("session close unfinished after %.0f s (the ps tasks may have exited "
-                         "already; tensorflow/tensorflow#21745); not waiting for it",
-                         CLOSE_TIMEOUT_SECS)
-
-    sess.close = bounded
-    return sess
-
-
-def _session_manager(scaffold):
-    return v1.train.SessionManager(
-        local_init_op=scaffold.local_init_op,
-        local_init_feed_dict=scaffold.local_init_feed_dict,
-        ready_op=scaffold.ready_op,
-        ready_for_local_init_op=scaffold.ready_for_local_init_op,
-        graph=v1.get_default_graph(),
-        recovery_wait_secs=RECOVERY_WAIT_SECS)
-
-
-class ChiefSessionCreator(v1.train.ChiefSessionCreator):
-    """Makes the chief's session: adopts the model the ps tasks hold, or restores, or initialises.
-
-    Called for the first session and again for every session that replaces one
-    lost to a failed task (`MonitoredSession` recreates it on
-    `UnavailableError`/`AbortedError`). Each time:
-
-    1. `wait_for_ps` (a bounded poll, so a ps that stays down ends in a clear
-       `server.StartupError` instead of a CreateSession that waits forever);
-    2. if the ps tasks hold an initialised model (the chief itself was
-       restarted; the ps and the other workers carried on) it is used as it
-       is: nothing trained since the last checkpoint is lost;
-    3. else the newest checkpoint that reads whole is restored
-       (`checkpoints.newest_readable`: a truncated newest one is skipped, with
-       a warning, for the one before);
-    4. else the model is initialised.
-
-    Attributes:
-      origin: how the last session got its model: "adopted", "restored" or
-        "initialised".
-      restored_from: (path, global step) of the checkpoint last restored, or None.
+    Args:
+      saver: the `tf.compat.v1.train.Saver`.
+      output_dir: where `model.ckpt-<global step>` files go.
+      steps: the training loop's `StepCounter`.
+      save_steps / save_secs: the cadence; steps win when both are given.
     """
 
-    def __init__(self, scaffold, master, config, checkpoint_dir, wait_for_cluster=None,
-                 cluster_alive=None):
-        super().__init__(scaffold=scaffold, master=master, config=config)
-        self._output_dir = checkpoint_dir
-        self._wait_for_cluster = wait_for_cluster
-        self._cluster_alive = cluster_alive
-        self.origin = self.restored_from = None
-        self.sessions = 0
+    def __init__(self, saver, output_dir: str, steps: StepCounter,
+                 save_steps: Optional[int] = None, save_secs: Optional[float] = None):
+        self._saver = saver
+        self._output_dir = output_dir
+        self._prefix = os.path.join(output_dir, "model.ckpt")
+        self._steps = steps
+        self._timer = v1.train.SecondOrStepTimer(every_secs=None if save_steps else save_secs,
+                                                 every_steps=save_steps)
+        self._first_session = True
+        self._saved_step = None
 
-    def create_session(self):
-        self._scaffold.finalize()
-        manager = self._get_session_manager()
-        self.sessions += 1
-        sess = None
-        if self._wait_for_cluster is not None:
-            self._wait_for_cluster()
-            try:
-                sess = manager.wait_for_session(self._master, self._config, max_wait_secs=0)
-                self.origin = "adopted"
-            except tf.errors.DeadlineExceededError:
-                pass  # the ps tasks hold no initialised model
-        if sess is None:
-            self.restored_from = checkpoints.newest_readable(self._output_dir)
-            self._checkpoint_filename_with_path = (self.restored_from[0] if self.restored_from
-                                                   else None)
-            self.origin = "restored" if self.restored_from else "initialised"
-            sess = super().create_session()
-        if self.sessions > 1:
-            logging.info("chief: new session after a failure; %s", self.describe())
-        return _bounded_close(sess, self._cluster_alive)
+    def begin(self):
+        self._global_step = v1.train.get_global_step()
 
-    def describe(self) -> str:
-        """How the last session got its model, in words."""
-        if self.origin == "restored":
-            path, step = self.restored_from
-            return f"restored from checkpoint {os.path.basename(path)}, at global step {step}"
-        if self.origin == "adopted":
-            return "the ps tasks still held the model: continuing from it"
-        return "model initialised"
+    def after_create_session(self, session, coord):
+        step = int(session.run(self._global_step))
+        self._steps.value = step
+        if self._first_session:
+            self._first_session = False
+            graph = v1.get_default_graph()
+            tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._output_dir,
+                              "graph.pbtxt")
+            v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
+            self._save(session, step)
+        self._timer.update_last_triggered_step(step)
 
-    def _get_session_manager(self):
-        if not self._session_manager:
-            self._session_manager = _session_manager(self._scaffold)
-        return self._session_manager
+    def before_run(self, run_context):
+        # Before the next run the loop has recorded the step the last one ended at.
+        step = self._steps.value
+        if self._timer.should_trigger_for_step(step):
+            self._timer.update_last_triggered_step(step)
+            self._save(run_context.session)
+
+    def end(self, session):
+        step = int(session.run(self._global_step))
+        if step != self._saved_step:
+            self._save(session, step)
+
+    def _save(self, session, step: Optional[int] = None) -> None:
+        path = self._saver.save(session, self._prefix, global_step=self._global_step)
+        self._saved_step = int(path.rsplit("-", 1)[1]) if step is None else step
+        logging.info("saved %s", os.path.basename(path))
 
 
-class WorkerSessionCreator(v1.train.WorkerSessionCreator):
-    """Waits (polling every `RECOVERY_WAIT_SECS`) until the chief has the model ready.
+class SummaryHook(v1.train.SessionRunHook):
+    """Writes the graph's merged summaries (of the step just run) every `every_secs` seconds."""
 
-    Each session, the first and every one that replaces a lost one, first
-    runs `wait_for_cluster` (the bounded ps poll), then waits for the model at
-    most `max_wait_secs`.
+    def __init__(self, output_dir: str, every_secs: float):
+        self._output_dir = output_dir
+        self._timer = v1.train.SecondOrStepTimer(every_secs=every_secs)
+        self._runs = 0
 
-    Raises (from `create_session`):
-      tf.errors.DeadlineExceededError: not ready after `max_wait_secs` seconds.
-    """
+    def begin(self):
+        self._summary = v1.summary.merge_all()
+        self._global_step = v1.train.get_global_step()
 
-    def __init__(self, scaffold, master, config, max_wait_secs, wait_for_cluster=None,
-                 cluster_alive=None):
-        super().__init__(scaffold=scaffold, master=master, config=config,
-                         max_wait_secs=max_wait_secs)
-        self._wait_for_cluster = wait_for_cluster
-        self._cluster_alive = cluster_alive
-        self.sessions = 0
+    def before_run(self, run_context):
+        self._runs += 1
+        if self._summary is not None and self._timer.should_trigger_for_step(self._runs):
+            self._timer.update_last_triggered_step(self._runs)
+            return v1.train.SessionRunArgs({"summary": self._summary,
+                                            "step": self._global_step})
+        return None
 
-    def create_session(self):
-        self.sessions += 1
-        if self._wait_for_cluster is not None:
-            self._wait_for_cluster()
-        sess = super().create_session()
-        if self.sessions > 1:
-            logging.info("worker: new session after a failure; the model is ready again")
-        return _bounded_close(sess, self._cluster_alive)
-
-    def _get_session_manager(self):
-        if not self._session_manager:
-            self._session_manager = _session_manager(self._scaffold)
-        return self._session_manager
+    def after_run(self, run_context, run_values):
+        if run_values.results:
+            v1.summary.FileWriterCache.get(self._output_dir).add_summary(
+                run_values.results["summary"], run_values.results["step"])
 
 
 class SyncReplicasHook(v1.train.SessionRunHook):
@@ -272,7 +210,9 @@ class ProgressHook(v1.train.SessionRunHook):
 
     A line reads `step 1200/3000 | loss 0.1234 | 12,345 examples/s | 95.1 steps/s`
     (rates over all workers since the previous line; the launcher parses it).
-    It also times every `session.run` of the training loop, for `task_record`.
+    It also times every `session.run` of the training loop, for `task_record`;
+    runs of the fetches in `not_steps` (the exchanges of the communication-
+    reduced mode) are not steps: they count in the wall time, not the steps.
 
     Args:
       global_step: the global step variable.
@@ -303,6 +243,7 @@ class ProgressHook(v1.train.SessionRunHook):
         self.first_step_unix = self.last_step_unix = self._window_start = None
         self.local_steps = 0
         self.step_secs: list[float] = []
+        self.not_steps: list = []  # fetches whose runs are not training steps (exchanges)
 
     def after_create_session(self, session, coord):
         step = int(session.run(self._global_step))
@@ -313,6 +254,9 @@ class ProgressHook(v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         self._t0 = time.perf_counter()
+        self._counted = run_context.original_args.fetches not in self.not_steps
+        if not self._counted:
+            return None
         if self.local_steps == self._warmup_steps:
             self._window_start = time.time()
         if self.first_step_time is None or time.monotonic() - self._last_time >= self._every_secs:
@@ -320,6 +264,8 @@ class ProgressHook(v1.train.SessionRunHook):
         return None
 
     def after_run(self, run_context, run_values):
+        if not self._counted:
+            return
         dt = time.perf_counter() - self._t0
         self.local_steps += 1
         self.last_step_unix = time.time()

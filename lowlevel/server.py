@@ -7,8 +7,7 @@ cluster itself, with two queues that live in the ps tasks' resource managers
 (shared by name, so every session that builds them gets the same queue):
 
 - `lowlevel/workers_done` on ps 0: each non-chief worker enqueues its
-  replica index when its training loop has ended (in `ShutdownHook.end`, the
-  last thing its session runs);
+  replica index when its training loop has ended (`WorkersDoneHook.end`);
 - `lowlevel/stop_ps<K>` on ps K: the chief enqueues one element when it has
   saved the final checkpoint, evaluated and heard from every worker (a
   worker whose server has gone counts as done; `shutdown_timeout_secs` bounds
@@ -265,14 +264,18 @@ def stop_cluster(server, cluster: Cluster, config, timeout_secs: float) -> None:
     logging.info("chief: told %d ps task(s) to exit", cluster.num_ps)
 
 
-class ShutdownHook(v1.train.SessionRunHook):
-    """Runs the end-of-training handshake in the worker's own session, at its end.
+class WorkersDoneHook(v1.train.SessionRunHook):
+    """The end-of-training handshake's first half, in the worker's own session, at its end.
 
-    It is the last hook, so it runs after the chief's final checkpoint and
-    evaluation, and before the session is closed: no new session is needed
-    (creating one can wait seconds behind the closing one's clean-up,
-    tensorflow/tensorflow#21745). Nothing is done when the task is being
-    preempted: it will be back, and the run is not over.
+    A non-chief worker reports that it is done. The chief waits for those
+    reports (a worker whose server has gone counts as done), so that the hooks
+    after this one — the final checkpoint and evaluation — see every worker's
+    last update. Put it first among the hooks. Nothing is done when the task
+    is being preempted: it will be back, and the run is not over.
+
+    Running inside the session, before it is closed, means no new session is
+    needed (creating one can wait seconds behind the closing one's clean-up,
+    tensorflow/tensorflow#21745).
 
     Args:
       channel: the `ShutdownChannel` in the graph.
@@ -300,12 +303,27 @@ class ShutdownHook(v1.train.SessionRunHook):
                   for t in self._cluster.training_tasks() if not t.is_chief}
         missing = self._channel.wait_for_workers(session, others, self._timeout_secs,
                                                  self._preempted)
+        if missing and not self._preempted.is_set():
+            logging.warning("chief: no end-of-training report from the workers at %s within "
+                            "%.0f s; going on without them", ", ".join(missing.values()),
+                            self._timeout_secs)
+
+
+class StopPsHook(v1.train.SessionRunHook):
+    """The handshake's second half: the chief tells every ps task to exit. Put it last.
+
+    Args:
+      channel: the `ShutdownChannel` in the graph.
+      preempted: set when the chief is being preempted (then nothing is done).
+    """
+
+    def __init__(self, channel: ShutdownChannel, preempted: Optional[threading.Event] = None):
+        self._channel = channel
+        self._preempted = preempted or threading.Event()
+
+    def end(self, session):
         if self._preempted.is_set():
             return
-        if missing:
-            logging.warning("chief: no end-of-training report from the workers at %s within "
-                            "%.0f s; stopping the ps tasks anyway",
-                            ", ".join(missing.values()), self._timeout_secs)
         self._channel.stop_ps(session)
         logging.info("chief: told %d ps task(s) to exit", self._channel.num_ps)
 

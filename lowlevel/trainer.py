@@ -101,6 +101,10 @@ flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for 
 flags.DEFINE_float("sync_timeout_secs", 30.0, "Sync mode: how long one step may wait for "
                    "gradients before the chief logs which workers do not answer (it keeps "
                    "waiting; the step completes when they are back).")
+flags.DEFINE_integer("communication_period", 1, "Async training: local steps each worker "
+                     "takes between exchanges with the ps (local SGD: K times fewer bytes per "
+                     "step; see lowlevel/local_sgd.py for what it trades). 1: exact, every step "
+                     "reads the parameters and pushes its gradients.")
 flags.DEFINE_integer("warmup_steps", 20, "Each task's first local steps, left out of the "
                      "step times in <output_dir>/tasks/<task>.json.")
 
@@ -131,6 +135,7 @@ def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
         startup_timeout_secs=FLAGS.startup_timeout_secs,
         eval_timeout_secs=FLAGS.eval_timeout_secs,
         sync_timeout_secs=FLAGS.sync_timeout_secs, warmup_steps=FLAGS.warmup_steps,
+        communication_period=FLAGS.communication_period,
     ).validate(num_workers)
 
 

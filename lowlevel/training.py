@@ -19,7 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import checkpoints, evaluation, hooks, models, placement
+from lowlevel import checkpoints, evaluation, hooks, local_sgd, models, placement, sessions
 from lowlevel import server as server_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -79,7 +79,8 @@ class TrainGraph:
     """What `build` puts in the graph, for one worker."""
 
     graph: object
-    train_op: object  # int64 scalar: the global step after this step's update
+    train_op: Optional[object]  # int64 scalar: the global step after this step's update
+    local_ops: Optional[local_sgd.LocalSGDOps]  # instead, with --communication_period > 1
     loss: object
     global_step: object
     scaffold: object
@@ -87,6 +88,7 @@ class TrainGraph:
     progress: hooks.ProgressHook
     final_eval: Optional[evaluation.FinalEvalHook]
     examples_per_step: int
+    steps: hooks.StepCounter  # the global step as the loop last saw it
 
 
 def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -101,6 +103,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     preempted = preempted or threading.Event()
     num_workers = cluster.num_workers if cluster else 1
     sync = bool(config.sync and cluster)
+    local = bool(cluster and config.communication_period > 1)
     replicas = config.replicas_to_aggregate or num_workers
     hidden = config.hidden_units
 
@@ -120,8 +123,17 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             global_step = v1.train.get_or_create_global_step()
             iter_init, feed, (images, labels) = data_lib.train_input(
                 data, config.batch_size, num_workers, task.replica_index, config.seed)
-            loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
             opt = make_optimizer(config.optimizer, config.lr)
+            train_op = local_ops = None
+            if local:  # communication-reduced: the model computes with worker-local copies
+                copies = local_sgd.LocalCopies(
+                    placement.worker_device(task.task_index, worker_gpu, task.job_name))
+                with v1.variable_scope(v1.get_variable_scope(), custom_getter=copies):
+                    loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+                local_ops = local_sgd.build(opt, loss, copies, global_step,
+                                            config.communication_period, config.train_steps)
+            else:
+                loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
             if sync:
                 opt = v1.train.SyncReplicasOptimizer(
                     opt, replicas_to_aggregate=replicas, total_num_replicas=num_workers)
@@ -130,7 +142,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 # last step is done (only the chief's sync loop moves it).
                 with tf.control_dependencies([update]):
                     train_op = global_step.read_value()
-            else:
+            elif not local:
                 train_op = counted_update(opt, loss, global_step, config.train_steps)
             final_eval = None
             if task.is_chief:
@@ -152,28 +164,35 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         progress = hooks.ProgressHook(global_step, loss, examples_per_step,
                                       config.train_steps, config.log_every_secs, summary_dir,
                                       config.warmup_steps, config.batch_size)
-        run_hooks = [progress]
+        if local_ops:
+            progress.not_steps.append(local_ops.exchange)
+        steps = hooks.StepCounter()
+        # The chief first waits for the other workers (so that its final checkpoint
+        # and evaluation hold their last updates) and tells the ps tasks to exit
+        # last; a worker reports that it is done after everything else.
+        done = (server_lib.WorkersDoneHook(shutdown, task, cluster,
+                                           config.shutdown_timeout_secs, preempted)
+                if shutdown else None)
+        run_hooks = [done] if done and task.is_chief else []
+        run_hooks.append(progress)
         if sync:
             others = [t for t in cluster.training_tasks() if not t.is_chief]
             run_hooks.append(hooks.SyncReplicasHook(
                 opt, task.is_chief, global_step, config.train_steps, config.sync_timeout_secs,
                 lambda: server_lib.unreachable_tasks(cluster, others)))
         if task.is_chief and config.output_dir:
-            steps = config.save_checkpoint_steps
             run_hooks += [
-                v1.train.CheckpointSaverHook(
-                    config.output_dir, save_steps=steps,
-                    save_secs=None if steps else config.save_checkpoint_secs,
-                    scaffold=scaffold),
-                v1.train.SummarySaverHook(save_secs=max(config.log_every_secs, 1.0),
-                                          output_dir=config.output_dir, scaffold=scaffold)]
+                hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
+                                     config.save_checkpoint_steps, config.save_checkpoint_secs),
+                hooks.SummaryHook(config.output_dir, max(config.log_every_secs, 1.0))]
         if final_eval:
             run_hooks.append(final_eval)
-        if shutdown:  # last: after the final checkpoint and evaluation
-            run_hooks.append(server_lib.ShutdownHook(shutdown, task, cluster,
-                                                     config.shutdown_timeout_secs, preempted))
-    return TrainGraph(graph, train_op, loss, global_step, scaffold, run_hooks, progress,
-                      final_eval, examples_per_step)
+        if done and task.is_chief:
+            run_hooks.append(server_lib.StopPsHook(shutdown, preempted))
+        elif done:
+            run_hooks.append(done)
+    return TrainGraph(graph, train_op, local_ops, loss, global_step, scaffold, run_hooks,
+                      progress, final_eval, examples_per_step, steps)
 
 
 def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -228,11 +247,11 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
 
     with g.graph.as_default():
         if task.is_chief:
-            creator = hooks.ChiefSessionCreator(g.scaffold, master, session_config,
+            creator = sessions.ChiefSessionCreator(g.scaffold, master, session_config,
                                                 config.output_dir, wait_for_cluster,
                                                 cluster_alive)
         else:
-            creator = hooks.WorkerSessionCreator(g.scaffold, master, session_config,
+            creator = sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                                  config.startup_timeout_secs, wait_for_cluster,
                                                  cluster_alive)
         logging.info("%s: graph built in %.1f s; creating session", task.name,
@@ -254,12 +273,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             if preemption:
                 preemption.training_started(
                     _emergency_save(sess, g, config.output_dir) if task.is_chief else None)
-            while not sess.should_stop() and not preempted.is_set():
-                try:
-                    if sess.run(g.train_op) >= config.train_steps:
-                        break
-                except tf.errors.OutOfRangeError:  # another worker took the last step
-                    break
+            run_loop(sess, g, config.train_steps, preempted)
             logging.info("%s: %s; closing the session", task.name,
                          "stopping for the preemption" if preempted.is_set()
                          else "last step done")
@@ -280,6 +294,34 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         if task.is_chief:
             _write_json(config.output_dir, "final_metrics.json", metrics)
     return metrics if task.is_chief else None
+
+
+def run_loop(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:
+    """Runs training steps until `last_step` is reached, the session stops, or `stop` is set.
+
+    Exact mode: each run is one step and returns its step number; a worker
+    whose step finds no step left gets `OutOfRangeError` (`counted_update`).
+    Communication-reduced mode: local steps, and an exchange that claims each
+    block of steps; an empty block ends the loop.
+    """
+    left = 0
+    while not sess.should_stop() and not stop.is_set():
+        if g.local_ops is None:
+            try:
+                g.steps.value = int(sess.run(g.train_op))
+            except tf.errors.OutOfRangeError:  # another worker took the last step
+                return
+            if g.steps.value >= last_step:
+                return
+            continue
+        if left == 0:
+            start, left = (int(x) for x in sess.run(g.local_ops.exchange))
+            g.steps.value = start
+            if left == 0:
+                return
+        sess.run(g.local_ops.local_step)
+        g.steps.value += 1
+        left -= 1
 
 
 def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):

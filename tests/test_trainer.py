@@ -67,9 +67,9 @@ def _assert_clean_end(statuses, logs):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("mode", ["async", "sync", "local_sgd"])
 def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path, mode):
-    flags = ["--sync"] if mode == "sync" else []
+    flags = {"async": [], "sync": ["--sync"], "local_sgd": ["--communication_period=8"]}[mode]
     statuses, logs, out = run_cluster(xprocess, ports, tmp_path, *flags)
     _assert_clean_end(statuses, logs)
     metrics = clusters.final_metrics(out)
@@ -77,9 +77,15 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     assert metrics["sync"] == (mode == "sync")
     assert (metrics["num_ps"], metrics["num_workers"]) == (1, 2)
     assert metrics["train_examples_per_sec"] > 0
-    # Both modes stop at exactly the last step: sync through the chief's sync loop,
-    # async because each step reserves its number first (training.counted_update).
+    # Every mode stops at exactly the last step: sync through the chief's sync loop,
+    # async because each step reserves its number first (training.counted_update), and
+    # local SGD because each exchange claims the next block of steps.
     assert metrics["global_step"] == 1500
+    records = [json.load(open(os.path.join(out, "tasks", f"worker{i}.json"))) for i in (0, 1)]
+    assert all(r["measured_steps"] > 0 and 0 < r["step_ms_p50"] <= r["step_ms_p90"]
+               for r in records), records
+    if mode != "sync":  # every global step is one worker's step, and only one's
+        assert sum(r["local_steps"] for r in records) == 1500, records
     # The chief's last stdout line is the metrics JSON.
     last = [l for l in open(logs["worker0"]).read().splitlines() if l.strip()][-1]
     assert json.loads(last) == metrics
