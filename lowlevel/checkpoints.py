@@ -150,17 +150,28 @@ def check_compatible(checkpoint_dir: Optional[str], variables: Iterable,
     where = f"--output_dir={checkpoint_dir}: checkpoint {os.path.basename(path)}"
     advice = ("it was written by a different model; use a new --output_dir, or the "
               "--model/--hidden_units/--dataset/--optimizer of the run that wrote it")
-    variables = list(variables)
-    for var in variables:  # shape and dtype first: they say most about what differs
-        name, mine = var.op.name, var.shape.as_list()
+    wanted = _logical(variables)
+    for name, (mine, dtype) in wanted.items():  # shape and dtype first: they say most
         if name in shapes and list(shapes[name]) != mine:
             raise CheckpointMismatch(f"{where}: variable {name} has shape {list(shapes[name])} "
                                      f"there but {mine} in this model: {advice}")
-        if name in dtypes and dtypes[name] != var.dtype.base_dtype:
+        if name in dtypes and dtypes[name] != dtype:
             raise CheckpointMismatch(f"{where}: variable {name} is {dtypes[name].name} there "
-                                     f"but {var.dtype.base_dtype.name} in this model: {advice}")
-    for var in variables:
-        if var.op.name not in shapes:
-            raise CheckpointMismatch(f"{where} has no variable {var.op.name} (shape "
-                                     f"{var.shape.as_list()} in this model): {advice}")
+                                     f"but {dtype.name} in this model: {advice}")
+    for name, (mine, _) in wanted.items():
+        if name not in shapes:
+            raise CheckpointMismatch(f"{where} has no variable {name} (shape {mine} in this "
+                                     f"model): {advice}")
     return path
+
+
+def _logical(variables) -> dict:
+    """{name in checkpoints: (shape, dtype)}; a sharded variable's shards count as one."""
+    found = {}
+    for var in variables:
+        info = getattr(var, "_save_slice_info", None)
+        if info is not None:
+            found[info.full_name] = (list(info.full_shape), var.dtype.base_dtype)
+        else:
+            found[var.op.name] = (var.shape.as_list(), var.dtype.base_dtype)
+    return found

@@ -142,15 +142,16 @@ class Cluster:
         """The `{"chief": [...], "ps": [...], "worker": [...]}` mapping `ClusterSpec` takes."""
         return {job: list(self.hosts(job)) for job in (CHIEF, PS, WORKER) if self.hosts(job)}
 
-    def tasks_on_host_of(self, job_name: str, task_index: int) -> int:
-        """How many tasks of the cluster share the machine of the given task.
+    def tasks_on_host_of(self, job_name: str, task_index: int,
+                         jobs: tuple[str, ...] = (CHIEF, PS, WORKER)) -> int:
+        """How many tasks of `jobs` share the machine of the given task (itself included if of `jobs`).
 
         Loopback names (localhost, 127.0.0.0/8, ::1) and this machine's own
         hostname count as one machine. Used to share the cores fairly.
         """
         mine = _machine(self.hosts(job_name)[task_index].rpartition(":")[0])
         return sum(_machine(h.rpartition(":")[0]) == mine
-                   for h in self.chief_hosts + self.ps_hosts + self.worker_hosts)
+                   for job in jobs for h in self.hosts(job))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,11 +34,14 @@ class EvalOps:
 
 
 def build(split: data_lib.Split, max_value: float, model: str, num_classes: int,
-          hidden_units, seed: int = 0) -> EvalOps:
-    """Builds the evaluation of `model` on `split` (batches of 1,000 images)."""
+          hidden_units, seed: int = 0, partitioner=None) -> EvalOps:
+    """Builds the evaluation of `model` on `split` (batches of 1,000 images).
+
+    `partitioner` must be the training model's, so that its variables are reused.
+    """
     initializer, feed, (images, labels) = data_lib.eval_input(split, max_value)
     with tf.name_scope("eval"):
-        logits = models.build(model, images, num_classes, hidden_units, seed)
+        logits = models.build(model, images, num_classes, hidden_units, seed, partitioner)
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
         correct = tf.equal(tf.argmax(logits, axis=1), labels)
         return EvalOps(initializer, feed, tf.reduce_sum(losses),

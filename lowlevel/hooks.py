@@ -58,7 +58,6 @@ class CheckpointHook(v1.train.SessionRunHook):
         self._timer = v1.train.SecondOrStepTimer(every_secs=None if save_steps else save_secs,
                                                  every_steps=save_steps)
         self._first_session = True
-        self._saved_step = None
 
     def begin(self):
         self._global_step = v1.train.get_global_step()
@@ -72,7 +71,7 @@ class CheckpointHook(v1.train.SessionRunHook):
             tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._output_dir,
                               "graph.pbtxt")
             v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
-            self._save(session, step)
+            self._save(session)
         self._timer.update_last_triggered_step(step)
 
     def before_run(self, run_context):
@@ -83,13 +82,12 @@ class CheckpointHook(v1.train.SessionRunHook):
             self._save(run_context.session)
 
     def end(self, session):
-        step = int(session.run(self._global_step))
-        if step != self._saved_step:
-            self._save(session, step)
+        # Always: a save at this same step may predate the other workers' last
+        # updates (in the communication-reduced mode, their last exchanges).
+        self._save(session)
 
-    def _save(self, session, step: Optional[int] = None) -> None:
+    def _save(self, session) -> None:
         path = self._saver.save(session, self._prefix, global_step=self._global_step)
-        self._saved_step = int(path.rsplit("-", 1)[1]) if step is None else step
         logging.info("saved %s", os.path.basename(path))
 
 

@@ -52,8 +52,13 @@ class LocalCopies:
     of the last exchange. Copies and anchors are local variables: never saved,
     never checked by the chief.
 
+    A variable sharded over the ps tasks (`placement.partitioner`) gets one
+    copy of its whole shape: the shards are concatenated when pulled and the
+    delta is split when pushed.
+
     Attributes:
-      triples: [(ps variable, local copy, anchor)], in creation order.
+      triples: [(the variable's shards on the ps tasks, local copy, anchor)],
+        in creation order.
     """
 
     def __init__(self, worker_device: str):
@@ -65,18 +70,28 @@ class LocalCopies:
         var = getter(name, *args, **kwargs)
         if not kwargs.get("trainable", True):
             return var
-        if var.op.name in self._copies:  # the model was built a second time (reuse)
-            return self._copies[var.op.name]
-        with tf.device(var.device):
-            initial = var.read_value()
+        if name in self._copies:  # the model was built a second time (reuse)
+            return self._copies[name]
+        parts = _parts(var)
+        reads = []
+        for part in parts:
+            with tf.device(part.device):
+                reads.append(part.read_value())
         with v1.device(None), v1.device(self._device):
-            copy = v1.Variable(initial, trainable=False, name=f"{var.op.name}/local",
+            initial = reads[0] if len(reads) == 1 else tf.concat(reads, axis=0)
+            copy = v1.Variable(initial, trainable=False, name=f"{name}/local",
                                collections=[v1.GraphKeys.LOCAL_VARIABLES])
-            anchor = v1.Variable(initial, trainable=False, name=f"{var.op.name}/anchor",
+            anchor = v1.Variable(initial, trainable=False, name=f"{name}/anchor",
                                  collections=[v1.GraphKeys.LOCAL_VARIABLES])
-        self._copies[var.op.name] = copy
-        self.triples.append((var, copy, anchor))
+        self._copies[name] = copy
+        self.triples.append((parts, copy, anchor))
         return copy
+
+
+def _parts(var) -> list:
+    """The shards of a sharded (`PartitionedVariable`) variable, in order; [var] otherwise."""
+    shards = getattr(var, "_get_variable_list", None)  # no public name for the class
+    return list(shards()) if shards else [var]
 
 
 @dataclasses.dataclass
@@ -117,14 +132,19 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
                  if v not in before])
 
     updates = []
-    for var, copy, anchor in copies.triples:
+    for parts, copy, anchor in copies.triples:
         with tf.device(copy.device):
             delta = copy.read_value() - anchor.read_value()
-        with tf.device(var.device):
-            pushed = var.assign_add(delta, read_value=False)
-            with tf.control_dependencies([pushed]):
-                fresh = var.read_value()
+            pieces = (tf.split(delta, [p.shape[0] for p in parts], axis=0) if len(parts) > 1
+                      else [delta])
+        fresh = []
+        for part, piece in zip(parts, pieces):
+            with tf.device(part.device):
+                pushed = part.assign_add(piece, read_value=False)
+                with tf.control_dependencies([pushed]):
+                    fresh.append(part.read_value())
         with tf.device(copy.device):
+            fresh = tf.concat(fresh, axis=0) if len(fresh) > 1 else fresh[0]
             updates += [copy.assign(fresh, read_value=False),
                         anchor.assign(fresh, read_value=False)]
     with tf.control_dependencies(updates):

@@ -14,20 +14,23 @@ import tensorflow as tf
 v1 = tf.compat.v1
 
 
-def build(name: str, images, num_classes: int, hidden_units: Sequence[int], seed: int = 0):
+def build(name: str, images, num_classes: int, hidden_units: Sequence[int], seed: int = 0,
+          partitioner=None):
     """Returns logits float32 `[B, num_classes]` for images float32 `[B, H, W, C]`.
 
     Args:
       name: "softmax" (one linear layer), "mlp" (ReLU layers of `hidden_units`)
         or "cnn" (two 5x5 conv + 2x2 max-pool blocks of 32 and 64 channels, then
         a ReLU layer of `hidden_units[0]`).
+      partitioner: shards the variables (`placement.partitioner`); a sharded
+        kernel is used as one tensor, its shards concatenated.
     Raises:
       ValueError: unknown name.
     """
     builders = {"softmax": _softmax, "mlp": _mlp, "cnn": _cnn}
     if name not in builders:
         raise ValueError(f"unknown model {name!r}; expected one of {', '.join(builders)}")
-    with v1.variable_scope("model", reuse=v1.AUTO_REUSE):
+    with v1.variable_scope("model", reuse=v1.AUTO_REUSE, partitioner=partitioner):
         return builders[name](images, num_classes, tuple(hidden_units), seed)
 
 
@@ -35,11 +38,26 @@ def _flatten(x):
     return tf.reshape(x, [-1, x.shape[1:].num_elements()])
 
 
+def _sliced(initializer):
+    """`initializer`, made to give each shard of a sharded variable its slice of one draw.
+
+    Called per shard with the same seed, a random initializer would give every
+    shard the same values; this draws the full shape and slices, so a model's
+    initial values do not depend on how many ps tasks hold it.
+    """
+    def init(shape, dtype=None, partition_info=None):
+        if partition_info is None:
+            return initializer(shape, dtype)
+        full = initializer(partition_info.full_shape, dtype)
+        return tf.slice(full, partition_info.var_offset, shape)
+    return init
+
+
 def dense(x, units: int, name: str, seed: int, activation=None):
     """x float32 `[B, n]` -> `[B, units]`; kernel Glorot-uniform, bias zeros."""
     with v1.variable_scope(name):
         kernel = v1.get_variable("kernel", [x.shape[-1], units], tf.float32,
-                                 v1.glorot_uniform_initializer(seed=seed))
+                                 _sliced(v1.glorot_uniform_initializer(seed=seed)))
         bias = v1.get_variable("bias", [units], tf.float32, v1.zeros_initializer())
         y = tf.nn.bias_add(tf.matmul(x, kernel), bias)
         return activation(y) if activation else y
@@ -49,7 +67,7 @@ def conv2d(x, filters: int, size: int, name: str, seed: int):
     """x float32 `[B, H, W, C]` -> ReLU(conv) `[B, H, W, filters]` (SAME padding, stride 1)."""
     with v1.variable_scope(name):
         kernel = v1.get_variable("kernel", [size, size, x.shape[-1], filters], tf.float32,
-                                 v1.glorot_uniform_initializer(seed=seed))
+                                 _sliced(v1.glorot_uniform_initializer(seed=seed)))
         bias = v1.get_variable("bias", [filters], tf.float32, v1.zeros_initializer())
         y = tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
         return tf.nn.relu(tf.nn.bias_add(y, bias))

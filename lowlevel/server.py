@@ -23,6 +23,7 @@ no authentication; keep clusters on trusted networks.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
 import threading
@@ -32,7 +33,7 @@ from typing import Callable, Iterable, Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.cluster import PS, Cluster, Task
+from lowlevel.cluster import CHIEF, PS, WORKER, Cluster, Task
 from lowlevel.config import RuntimeFailure, UsageError
 
 v1 = tf.compat.v1
@@ -51,19 +52,27 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
                    inter_op_threads: int = 0):
     """The `ConfigProto` for a task's server and sessions.
 
-    Thread pools: 0 means "share the cores": cores // (tasks on this host),
-    at least 1 intra-op and 2 inter-op threads (a ps runs blocking queue and
-    accumulator ops in its inter-op pool). Three tasks on two cores otherwise
-    each start two full pools and fight over the cores.
+    Thread pools (0 means "choose"): the cores of a machine go to the training
+    tasks on it, cores // (training tasks on this host) intra-op threads each;
+    a ps beside them gets 1, since it does little arithmetic (it adds updates)
+    and works mostly while its workers wait for it; a ps alone on its machine
+    shares the cores with the other ps tasks there. Inter-op: at least 2 (a ps
+    runs blocking queue and accumulator ops in its inter-op pool). Three tasks
+    on two cores otherwise each start two full pools and fight over the cores;
+    and a fair 1 thread each leaves a lone worker at half the speed of
+    in-process training while its ps idles (benchmarks/NOTES.md).
 
     `device_filters` keep a worker from waiting for, or talking to, the other
     workers: it sees only the ps job and itself; a ps sees only itself.
     """
-    share = max(1, (os.cpu_count() or 1) // cluster.tasks_on_host_of(task.job_name,
-                                                                     task.task_index))
+    cores = os.cpu_count() or 1
+    here = functools.partial(cluster.tasks_on_host_of, task.job_name, task.task_index)
+    training_here = here((CHIEF, WORKER))
     if task.job_name == PS:
+        share = 1 if training_here else max(1, cores // here((PS,)))
         filters = [task.device]
     else:
+        share = max(1, cores // training_here)
         filters = ["/job:ps", task.device]
     return v1.ConfigProto(
         intra_op_parallelism_threads=intra_op_threads or share,

@@ -107,18 +107,23 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     replicas = config.replicas_to_aggregate or num_workers
     hidden = config.hidden_units
 
+    partitioner = None
+
     def model_fn(images):
-        return models.build(config.model, images, data.num_classes, hidden, config.seed)
+        return models.build(config.model, images, data.num_classes, hidden, config.seed,
+                            partitioner)
 
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(config.seed)
         device = None
         if cluster:
-            sizes = placement.measure_variables(
-                lambda: model_fn(tf.zeros([1, *data.image_shape])))
-            device = placement.device_setter(cluster.as_dict(), task.task_index,
-                                             worker_gpu, sizes, task.job_name)
+            def probe():
+                return model_fn(tf.zeros([1, *data.image_shape]))
+            total = sum(placement.measure_variables(probe).values())
+            partitioner = placement.partitioner(cluster.num_ps, total)
+            device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu,
+                                             placement.measure_variables(probe), task.job_name)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             iter_init, feed, (images, labels) = data_lib.train_input(
@@ -148,7 +153,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(evaluation.build(
                     data.test, data.max_value, config.model, data.num_classes, hidden,
-                    config.seed), skip=preempted)
+                    config.seed, partitioner), skip=preempted)
             shutdown = server_lib.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", loss)
         v1.summary.scalar("accuracy", accuracy)

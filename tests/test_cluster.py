@@ -63,6 +63,7 @@ def test_tasks_on_host_counts_loopback_as_one_machine():
     c = Cluster(("127.0.0.1:1",), ("localhost:2", "127.0.0.2:3", "10.9.9.9:4"))
     assert c.tasks_on_host_of("ps", 0) == 3
     assert c.tasks_on_host_of("worker", 2) == 1
+    assert c.tasks_on_host_of("ps", 0, ("worker",)) == 2
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -172,3 +173,23 @@ def test_schedule_defaults_follow_the_job(schedule, job, expected):
 def test_schedule_errors(schedule, job, needle):
     with pytest.raises(UsageError, match=needle):
         check_schedule(schedule, job)
+
+
+def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
+    from lowlevel import server
+    monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
+
+    def threads(cluster, job, index):
+        c = server.session_config(cluster, Task(job, index))
+        return c.intra_op_parallelism_threads, c.inter_op_parallelism_threads
+
+    one = Cluster(("127.0.0.1:1",), ("127.0.0.1:2",))
+    assert threads(one, "worker", 0) == (2, 2)  # the lone worker has both cores
+    assert threads(one, "ps", 0) == (1, 2)
+    two = Cluster(("127.0.0.1:1",), ("127.0.0.1:2", "127.0.0.1:3"))
+    assert threads(two, "worker", 1) == (1, 2)
+    remote_ps = Cluster(("10.0.0.9:1", "10.0.0.9:2"), ("127.0.0.1:2",))
+    assert threads(remote_ps, "ps", 0) == (1, 2)  # two ps share their machine's cores
+    c = server.session_config(one, Task("worker", 0), intra_op_threads=3)
+    assert c.intra_op_parallelism_threads == 3 and list(c.device_filters) == [
+        "/job:ps", "/job:worker/task:0"]
