@@ -164,7 +164,9 @@ class SyncReplicasHook(v1.train.SessionRunHook):
             return
         self._local_init_op = opt.chief_init_op
         self._init_tokens_op = opt.get_init_tokens_op(self._num_tokens)
-        (self._sync_op,) = opt.get_chief_queue_runner().enqueue_ops
+        (sync_op,) = opt.get_chief_queue_runner().enqueue_ops
+        with tf.control_dependencies([sync_op]):  # one round trip per step: sync, then read
+            self._sync_op = self._global_step.read_value()
 
     def after_create_session(self, session, coord):
         session.run(self._local_init_op)
@@ -180,14 +182,13 @@ class SyncReplicasHook(v1.train.SessionRunHook):
         options = v1.RunOptions(timeout_in_ms=self._timeout_ms)
         waited = 0.0
         try:
-            while not coord.should_stop():
-                step = session.run(self._global_step)
-                if step >= self._last_step:
-                    return
+            step = session.run(self._global_step)
+            while not coord.should_stop() and step < self._last_step:
                 try:
-                    session.run(self._sync_op, options=options)
+                    step = session.run(self._sync_op, options=options)
                     if waited:
-                        logging.info("sync step %d complete again after %.0f s", step, waited)
+                        logging.info("sync steps complete again (global step %d) after %.0f s",
+                                     step, waited)
                     waited = 0.0
                 except tf.errors.DeadlineExceededError:
                     waited += self._timeout_ms / 1000
