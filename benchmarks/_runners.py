@@ -190,7 +190,7 @@ def _flag(argv: list, flag: str) -> Optional[str]:
 
 
 def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeout_secs: float,
-                 batch_size: int, interval: float = 0.25) -> dict:
+                 batch_size: int, interval: float = 0.1) -> dict:
     """`python -m lowlevel.launch` (num_ps >= 1) or in-process `lowlevel.trainer` (num_ps 0)."""
     out = os.path.join(workdir, "out")
     watcher = Watcher(interval)
@@ -270,7 +270,7 @@ def _discover(launcher_pid: int, watcher: Watcher, found: set) -> None:
 
 
 def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeout_secs: float,
-                batch_size: int, interval: float = 0.25) -> dict:
+                batch_size: int, interval: float = 0.1) -> dict:
     """The textbook trainer: ps first, the chief, the other workers once it has its session."""
     ps = [portpicker.pick_unused_port() for _ in range(num_ps)]
     wk = [portpicker.pick_unused_port() for _ in range(num_workers)]
@@ -328,7 +328,7 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
 
 
 def run_tf2_pss(num_ps: int, num_workers: int, flags: list, workdir: str, timeout_secs: float,
-                batch_size: int, interval: float = 0.25) -> dict:
+                batch_size: int, interval: float = 0.1) -> dict:
     """ParameterServerStrategy: ps and workers serve forever; the chief writes the record."""
     ps = [portpicker.pick_unused_port() for _ in range(num_ps)]
     wk = [portpicker.pick_unused_port() for _ in range(num_workers)]

@@ -24,8 +24,9 @@ trainer rejects that flag, the comm_reduced runs are skipped with one line.
 Rounds: every configuration runs once per round, in a shuffled order, `--repeats` rounds;
 a record's figures are the medians over rounds and a ratio is the median of its
 within-round ratios, so a drift of the shared machine does not favour one configuration.
-Each run measures about `--measure_secs` seconds per worker after `--warmup_steps` local
-steps (step counts come from the rate measured for the configuration so far, or a prior).
+Each run measures about `--measure_secs` seconds per worker after about `--warmup_secs`
+of warm-up steps (step counts come from the rate measured for the configuration so far, or
+a prior).
 Then a model-size sweep (`--sweep_widths`, both hidden layers) of local, classic_1ps1w and
 lowlevel_1ps1w, and an accuracy check on `digits` (`--accuracy`): lowlevel 1 ps + 2 workers
 async, exact against comm_reduced, the same number of global steps.
@@ -78,24 +79,27 @@ flags.DEFINE_list("hidden_units", ["512", "512"], "MLP hidden widths of the main
 flags.DEFINE_integer("batch_size", 128, "Examples per worker step.")
 flags.DEFINE_float("learning_rate", 0.1, "Adagrad learning rate.")
 flags.DEFINE_float("measure_secs", 6.0, "Target measured seconds per run, after warm-up "
-                   "(quick: 2).")
-flags.DEFINE_integer("warmup_steps", 100, "Each worker's first local steps, not measured.")
-flags.DEFINE_integer("min_steps", 200, "Fewest measured local steps per worker (quick: 100).")
+                   "(quick: 1.5).")
+flags.DEFINE_float("warmup_secs", 1.0, "Target warm-up seconds per worker: each worker's "
+                   "first local steps, not measured (they also cover the other workers' "
+                   "start).")
+flags.DEFINE_integer("warmup_steps", 100, "Most warm-up steps per worker.")
+flags.DEFINE_integer("min_steps", 200, "Fewest measured local steps per worker (quick: 50).")
 flags.DEFINE_list("sweep_widths", ["128", "256", "1024", "2048"], "Hidden widths (both "
                   "layers) of the model-size sweep, besides --hidden_units (quick: 2048; "
                   "empty: no sweep).")
 flags.DEFINE_integer("sweep_repeats", 1, "Rounds of the sweep.")
 flags.DEFINE_boolean("accuracy", True, "Run the digits accuracy check (exact vs "
                      "comm_reduced, lowlevel 1 ps + 2 workers async).")
-flags.DEFINE_integer("accuracy_steps", 2000, "Global steps of each accuracy run (quick: 800).")
+flags.DEFINE_integer("accuracy_steps", 2000, "Global steps of each accuracy run (quick: 400).")
 flags.DEFINE_boolean("placement", True, "Compute lowlevel's ps byte balance for the MLP and "
                      "the CNN on 2 ps (a short TensorFlow process).")
 flags.DEFINE_float("run_timeout_secs", 300.0, "A run still going after this is stopped and "
                    "recorded as failed.")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 
-QUICK = {"repeats": 1, "measure_secs": 2.0, "min_steps": 100, "sweep_widths": ["2048"],
-         "accuracy_steps": 800}
+QUICK = {"repeats": 1, "measure_secs": 1.5, "min_steps": 50, "sweep_widths": ["2048"],
+         "accuracy_steps": 400}
 MAIN = ["local", "classic_1ps1w", "classic_1ps2w", "lowlevel_1ps1w", "lowlevel_1ps2w",
         "lowlevel_2ps2w", "lowlevel_1ps2w_sync", "tf2_pss_1ps1w", "tf2_pss_1ps2w"]
 SWEEP = ["local", "classic_1ps1w", "lowlevel_1ps1w"]
@@ -173,22 +177,30 @@ class Bench:
         self.comm_reduced_skip: Optional[str] = None
         self.count = 0
 
-    def steps_per_worker(self, cfg: Config) -> int:
+    def rate(self, cfg: Config) -> float:
+        """Local steps/s per worker expected: measured before, scaled from another width of
+        the same configuration (as parameters^-0.8), or the prior."""
         rate = self.rates.get((cfg.trainer, cfg.mode, cfg.num_ps, cfg.num_workers, cfg.sync,
                                cfg.hidden))
-        if rate is None:
-            near = [(abs(h[0] - cfg.hidden[0]), r, h) for (t, m, p, w, s, h), r in
-                    self.rates.items() if (t, m, p, w, s) == (cfg.trainer, cfg.mode,
-                                                              cfg.num_ps, cfg.num_workers,
-                                                              cfg.sync)]
-            if near:
-                _, r, h = min(near)
-                rate = r * (mlp_params(h) / cfg.params) ** 0.8
-            else:
-                prior = PRIOR_STEPS_PER_SEC["comm_reduced" if cfg.mode == "comm_reduced"
-                                            else cfg.trainer]
-                rate = prior * min(1.0, (REF_PARAMS / cfg.params) ** 0.8)
-        return int(min(50_000, max(FLAGS.min_steps, rate * FLAGS.measure_secs)))
+        if rate is not None:
+            return rate
+        near = [(abs(h[0] - cfg.hidden[0]), r, h) for (t, m, p, w, s, h), r in
+                self.rates.items() if (t, m, p, w, s) == (cfg.trainer, cfg.mode,
+                                                          cfg.num_ps, cfg.num_workers, cfg.sync)]
+        if near:
+            _, r, h = min(near)
+            return r * (mlp_params(h) / cfg.params) ** 0.8
+        prior = PRIOR_STEPS_PER_SEC["comm_reduced" if cfg.mode == "comm_reduced"
+                                    else cfg.trainer]
+        return prior * (0.6 if cfg.num_workers > 1 else 1.0) * min(
+            1.0, (REF_PARAMS / cfg.params) ** 0.8)
+
+    def steps(self, cfg: Config) -> tuple[int, int]:
+        """(warm-up, measured) local steps per worker: about --warmup_secs and --measure_secs
+        at the expected rate, within [20, --warmup_steps] and [--min_steps, 50,000]."""
+        rate = self.rate(cfg)
+        warmup = int(min(FLAGS.warmup_steps, max(20, rate * FLAGS.warmup_secs)))
+        return warmup, int(min(50_000, max(FLAGS.min_steps, rate * FLAGS.measure_secs)))
 
     def run(self, cfg: Config, rnd: int, total: int) -> dict:
         base = dict(part=cfg.part, name=cfg.name, trainer=cfg.trainer, mode=cfg.mode,
@@ -201,14 +213,14 @@ class Bench:
             self.runs.append(run)
             return run
         self.count += 1
-        measured = self.steps_per_worker(cfg)
+        warmup, measured = self.steps(cfg)
         workdir = os.path.join(self.out, "runs", f"{self.count:03d}-{cfg.name}-{cfg.mode}")
         shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir)
         started = time.monotonic()
-        result = run_config(cfg, measured, workdir)
+        result = run_config(cfg, warmup, measured, workdir)
         _tidy(workdir)
-        run = dict(base, **result, measured_steps_per_worker=measured)
+        run = dict(base, **result, warmup_steps=warmup, measured_steps_per_worker=measured)
         if result.get("skipped") and cfg.mode == "comm_reduced":
             self.comm_reduced_skip = result["skipped"]
             print(f"comm_reduced: skipped: the trainer rejects --communication_period "
@@ -224,16 +236,16 @@ class Bench:
         return run
 
 
-def run_config(cfg: Config, measured: int, workdir: str) -> dict:
-    """Starts the configuration's trainer for `measured` local steps per worker after warm-up."""
-    steps = FLAGS.warmup_steps + measured
+def run_config(cfg: Config, warmup: int, measured: int, workdir: str) -> dict:
+    """Runs the configuration's trainer: `warmup` + `measured` local steps per worker."""
+    steps = warmup + measured
     hidden = ",".join(str(h) for h in cfg.hidden)
     common = [f"--hidden_units={hidden}", f"--batch_size={FLAGS.batch_size}",
               f"--learning_rate={FLAGS.learning_rate}"]
     timeout, batch = FLAGS.run_timeout_secs, FLAGS.batch_size
     if cfg.trainer in ("local", "lowlevel"):
         flags_ = common + [f"--dataset={cfg.dataset}", "--model=mlp", "--optimizer=adagrad",
-                           f"--warmup_steps={FLAGS.warmup_steps}",
+                           f"--warmup_steps={warmup}",
                            "--save_checkpoint_secs=100000", "--log_every_secs=5",
                            f"--train_steps={steps if cfg.sync or cfg.num_ps == 0 else steps * cfg.num_workers}"]
         if cfg.sync:
@@ -244,11 +256,11 @@ def run_config(cfg: Config, measured: int, workdir: str) -> dict:
                                      batch)
     if cfg.trainer == "classic":
         flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
-                           f"--warmup_steps={FLAGS.warmup_steps}"]
+                           f"--warmup_steps={warmup}"]
         return _runners.run_classic(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
                                     batch)
     flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
-                       f"--warmup_steps={FLAGS.warmup_steps * cfg.num_workers}"]
+                       f"--warmup_steps={warmup * cfg.num_workers}"]
     return _runners.run_tf2_pss(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout, batch)
 
 
@@ -367,7 +379,7 @@ def meta(argv, started: float) -> dict:
             "python": sys.version.split()[0], "tensorflow": tf_version, "git_commit": commit,
             "loadavg_start": round(os.getloadavg()[0], 2),
             "settings": {k: FLAGS[k].value for k in (
-                "quick", "repeats", "measure_secs", "warmup_steps", "min_steps",
+                "quick", "repeats", "measure_secs", "warmup_secs", "warmup_steps", "min_steps",
                 "sweep_widths", "sweep_repeats", "communication_period", "modes",
                 "hidden_units", "batch_size", "learning_rate", "accuracy_steps")}}
 
