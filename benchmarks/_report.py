@@ -200,7 +200,7 @@ def targets_table(tgts: dict) -> str:
 
 def markdown(result: dict) -> str:
     meta = result["meta"]
-    parts = [f"# Throughput benchmark\n",
+    parts = ["# Throughput benchmark\n",
              f"`{meta['command']}` — {meta['date']}, {meta['cpu_count']} cores "
              f"({meta.get('cpu_model', '?')}), TensorFlow {meta.get('tensorflow', '?')}, "
              f"load average {meta.get('loadavg_start')} at start, {meta.get('loadavg_end')} "
@@ -250,6 +250,7 @@ def plot(records: list, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 - matplotlib.ticker below
 
     lines: dict = {}
     for rec in records:
@@ -266,6 +267,10 @@ def plot(records: list, path: str) -> None:
         ax.plot([x / 1e6 for x in xs], [pts[x] for x in xs], marker="o", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
     ax.set_xlabel("model parameters (millions; MLP 784-H-H-10)")
     ax.set_ylabel("examples/s (batch 128, warm-up excluded)")
     ax.set_title("Throughput against model size (1 worker; local = in-process)")

@@ -304,7 +304,8 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
                 error = f"workers still running after {timeout_secs:.0f} s"
             elif any(w.returncode for w in workers):
                 bad = next(i for i, w in enumerate(workers) if w.returncode)
-                error = f"worker{bad} exited {workers[bad].returncode}:\n{procs.log(f'worker{bad}')}"
+                error = (f"worker{bad} exited {workers[bad].returncode}:\n"
+                         f"{procs.log(f'worker{bad}')}")
         time.sleep(interval)
     finally:
         watcher.stop()
@@ -369,3 +370,31 @@ def run_tf2_pss(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
                shutdown_note="ps and workers never exit (Server.join()); killed by PID",
                wall_secs=round(time.time() - launched, 1))
     return run
+
+
+def probe_comm_reduced(period: int) -> Optional[str]:
+    """None if the trainer accepts --communication_period, else its one-line complaint.
+
+    The launcher parses every trainer flag before anything starts (no TensorFlow import);
+    --num_workers=0 then stops it with its own usage error if the flag was accepted.
+    """
+    proc = subprocess.run([sys.executable, "-m", "lowlevel.launch",
+                           f"--communication_period={period}", "--num_workers=0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    text = (proc.stderr or "") + (proc.stdout or "")
+    if "communication_period" in text:
+        return next(line for line in text.splitlines() if "communication_period" in line)
+    return None
+
+
+def placement_balance(hidden: tuple) -> Optional[dict]:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks._placement",
+                           f"--hidden_units={','.join(map(str, hidden))}", "--num_ps=2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        print(f"placement: failed ({proc.stderr.strip()[-300:]})", flush=True)
+        return None

@@ -48,7 +48,6 @@ size), plus runs/ with every process's log. The table and the ratios with their 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -61,7 +60,7 @@ from typing import Optional
 
 from absl import app, flags
 
-from benchmarks import _report, _runners
+from benchmarks import _configs, _report, _runners
 
 FLAGS = flags.FLAGS
 flags.DEFINE_boolean("quick", False, "Short runs, 1 round, a 2-point sweep (< 5 min on 2 "
@@ -100,74 +99,6 @@ flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 
 QUICK = {"repeats": 1, "measure_secs": 1.5, "min_steps": 50, "sweep_widths": ["2048"],
          "accuracy_steps": 400}
-MAIN = ["local", "classic_1ps1w", "classic_1ps2w", "lowlevel_1ps1w", "lowlevel_1ps2w",
-        "lowlevel_2ps2w", "lowlevel_1ps2w_sync", "tf2_pss_1ps1w", "tf2_pss_1ps2w"]
-SWEEP = ["local", "classic_1ps1w", "lowlevel_1ps1w"]
-MODES = ("exact", "comm_reduced")
-REF_PARAMS = 669_706  # MLP 784-512-512-10
-# Local steps per second per worker for the 0.67 M MLP on 2 cores: the first guess of a
-# run's length, replaced by what the configuration measures.
-PRIOR_STEPS_PER_SEC = {"local": 300.0, "classic": 90.0, "lowlevel": 90.0, "tf2_pss": 45.0,
-                       "comm_reduced": 250.0}
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    name: str
-    trainer: str  # local | lowlevel | classic | tf2_pss
-    mode: str  # exact | comm_reduced for lowlevel; n/a for the others
-    num_ps: int
-    num_workers: int
-    sync: bool
-    hidden: tuple
-    part: str = "main"  # main | sweep | accuracy
-    dataset: str = "synthetic"
-
-    @property
-    def params(self) -> int:
-        return mlp_params(self.hidden)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}:{self.mode}"
-
-
-def mlp_params(hidden) -> int:
-    widths = [784, *hidden, 10]
-    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
-
-
-def parse_config(name: str, hidden: tuple, mode: str, part: str = "main") -> Config:
-    if name == "local":
-        return Config(name, "local", "n/a", 0, 1, False, hidden, part)
-    trainer, _, shape = name.rpartition("_") if not name.endswith("_sync") else \
-        name[:-5].rpartition("_")
-    num_ps, num_workers = (int(x) for x in shape.rstrip("w").split("ps"))
-    return Config(name, trainer, mode if trainer == "lowlevel" else "n/a", num_ps,
-                  num_workers, name.endswith("_sync"), hidden, part)
-
-
-def selected(names: list, modes: list, hidden: tuple, allowed: Optional[list],
-             part: str) -> list:
-    out = []
-    for name in names:
-        for mode in (modes if name.startswith("lowlevel") else ["n/a"]):
-            if allowed is not None and name not in allowed and f"{name}:{mode}" not in allowed:
-                continue
-            cfg = parse_config(name, hidden, mode, part)
-            if part == "sweep":
-                cfg = dataclasses.replace(cfg, name=f"{name}_h{hidden[0]}")
-            out.append(cfg)
-    return out
-
-
-def analytic_bytes(cfg: Config, period: int) -> int:
-    """Each exchange moves every variable once each way: 2 x 4 bytes x parameters."""
-    if cfg.num_ps == 0:
-        return 0
-    return round(8 * cfg.params / (period if cfg.mode == "comm_reduced" else 1))
-
-
 class Bench:
     def __init__(self, out: str):
         self.out = out
@@ -177,7 +108,7 @@ class Bench:
         self.comm_reduced_skip: Optional[str] = None
         self.count = 0
 
-    def rate(self, cfg: Config) -> float:
+    def rate(self, cfg: _configs.Config) -> float:
         """Local steps/s per worker expected: measured before, scaled from another width of
         the same configuration (as parameters^-0.8), or the prior."""
         rate = self.rates.get((cfg.trainer, cfg.mode, cfg.num_ps, cfg.num_workers, cfg.sync,
@@ -189,25 +120,26 @@ class Bench:
                                                           cfg.num_ps, cfg.num_workers, cfg.sync)]
         if near:
             _, r, h = min(near)
-            return r * (mlp_params(h) / cfg.params) ** 0.8
-        prior = PRIOR_STEPS_PER_SEC["comm_reduced" if cfg.mode == "comm_reduced"
+            return r * (_configs.mlp_params(h) / cfg.params) ** 0.8
+        prior = _configs.PRIOR_STEPS_PER_SEC["comm_reduced" if cfg.mode == "comm_reduced"
                                     else cfg.trainer]
         return prior * (0.6 if cfg.num_workers > 1 else 1.0) * min(
-            1.0, (REF_PARAMS / cfg.params) ** 0.8)
+            1.0, (_configs.REF_PARAMS / cfg.params) ** 0.8)
 
-    def steps(self, cfg: Config) -> tuple[int, int]:
+    def steps(self, cfg: _configs.Config) -> tuple[int, int]:
         """(warm-up, measured) local steps per worker: about --warmup_secs and --measure_secs
         at the expected rate, within [20, --warmup_steps] and [--min_steps, 50,000]."""
         rate = self.rate(cfg)
         warmup = int(min(FLAGS.warmup_steps, max(20, rate * FLAGS.warmup_secs)))
         return warmup, int(min(50_000, max(FLAGS.min_steps, rate * FLAGS.measure_secs)))
 
-    def run(self, cfg: Config, rnd: int, total: int) -> dict:
+    def run(self, cfg: _configs.Config, rnd: int, total: int) -> dict:
         base = dict(part=cfg.part, name=cfg.name, trainer=cfg.trainer, mode=cfg.mode,
                     num_ps=cfg.num_ps, num_workers=cfg.num_workers, sync=cfg.sync,
                     hidden_units=list(cfg.hidden), params=cfg.params,
                     batch_size=FLAGS.batch_size, dataset=cfg.dataset, round=rnd,
-                    bytes_per_step_analytic=analytic_bytes(cfg, FLAGS.communication_period))
+                    bytes_per_step_analytic=_configs.analytic_bytes(
+                        cfg, FLAGS.communication_period))
         if cfg.mode == "comm_reduced" and self.comm_reduced_skip:
             run = dict(base, ok=False, skipped=self.comm_reduced_skip)
             self.runs.append(run)
@@ -218,7 +150,9 @@ class Bench:
         shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir)
         started = time.monotonic()
-        result = run_config(cfg, warmup, measured, workdir)
+        result = _configs.run_config(cfg, warmup, measured, workdir, FLAGS.batch_size,
+                                     FLAGS.learning_rate, FLAGS.communication_period,
+                                     FLAGS.run_timeout_secs)
         _tidy(workdir)
         run = dict(base, **result, warmup_steps=warmup, measured_steps_per_worker=measured)
         if result.get("skipped") and cfg.mode == "comm_reduced":
@@ -234,34 +168,6 @@ class Bench:
         self.runs.append(run)
         print(describe(run, self.count, total, time.monotonic() - started), flush=True)
         return run
-
-
-def run_config(cfg: Config, warmup: int, measured: int, workdir: str) -> dict:
-    """Runs the configuration's trainer: `warmup` + `measured` local steps per worker."""
-    steps = warmup + measured
-    hidden = ",".join(str(h) for h in cfg.hidden)
-    common = [f"--hidden_units={hidden}", f"--batch_size={FLAGS.batch_size}",
-              f"--learning_rate={FLAGS.learning_rate}"]
-    timeout, batch = FLAGS.run_timeout_secs, FLAGS.batch_size
-    if cfg.trainer in ("local", "lowlevel"):
-        flags_ = common + [f"--dataset={cfg.dataset}", "--model=mlp", "--optimizer=adagrad",
-                           f"--warmup_steps={warmup}",
-                           "--save_checkpoint_secs=100000", "--log_every_secs=5",
-                           f"--train_steps={steps if cfg.sync or cfg.num_ps == 0 else steps * cfg.num_workers}"]
-        if cfg.sync:
-            flags_.append("--sync")
-        if cfg.mode == "comm_reduced":
-            flags_.append(f"--communication_period={FLAGS.communication_period}")
-        return _runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
-                                     batch)
-    if cfg.trainer == "classic":
-        flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
-                           f"--warmup_steps={warmup}"]
-        return _runners.run_classic(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
-                                    batch)
-    flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
-                       f"--warmup_steps={warmup * cfg.num_workers}"]
-    return _runners.run_tf2_pss(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout, batch)
 
 
 def _tidy(workdir: str) -> None:
@@ -285,34 +191,6 @@ def describe(run: dict, i: int, total: int, secs: float) -> str:
             f"({secs:.0f} s)")
 
 
-def probe_comm_reduced(period: int) -> Optional[str]:
-    """None if the trainer accepts --communication_period, else its one-line complaint.
-
-    The launcher parses every trainer flag before anything starts (no TensorFlow import);
-    --num_workers=0 then stops it with its own usage error if the flag was accepted.
-    """
-    proc = subprocess.run([sys.executable, "-m", "lowlevel.launch",
-                           f"--communication_period={period}", "--num_workers=0"],
-                          cwd=_runners.ROOT, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=_runners.ROOT))
-    text = (proc.stderr or "") + (proc.stdout or "")
-    if "communication_period" in text:
-        return next(line for line in text.splitlines() if "communication_period" in line)
-    return None
-
-
-def placement_balance(hidden: tuple) -> Optional[dict]:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks._placement",
-                           f"--hidden_units={','.join(map(str, hidden))}", "--num_ps=2"],
-                          cwd=_runners.ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=_runners.ROOT))
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        print(f"placement: failed ({proc.stderr.strip()[-300:]})", flush=True)
-        return None
-
-
 def accuracy_check(bench: Bench, modes: list) -> dict:
     """lowlevel 1 ps + 2 workers async on digits, each mode, the same global steps."""
     steps = FLAGS.accuracy_steps
@@ -320,7 +198,7 @@ def accuracy_check(bench: Bench, modes: list) -> dict:
            "batch_size": 64, "train_steps": steps, "examples": steps * 64,
            "communication_period": FLAGS.communication_period}
     for mode in modes:
-        cfg = Config("lowlevel_1ps2w_digits", "lowlevel", mode, 1, 2, False, (128, 128),
+        cfg = _configs.Config("lowlevel_1ps2w_digits", "lowlevel", mode, 1, 2, False, (128, 128),
                      "accuracy", "digits")
         if mode == "comm_reduced" and bench.comm_reduced_skip:
             out[f"{mode}_note"] = f"skipped ({bench.comm_reduced_skip})"
@@ -409,13 +287,13 @@ def main(argv):
         for name, value in QUICK.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
-    bad = [m for m in FLAGS.modes if m not in MODES]
+    bad = [m for m in FLAGS.modes if m not in _configs.MODES]
     if bad:
-        raise app.UsageError(f"--modes: unknown {bad}; expected {list(MODES)}")
-    known = set(MAIN) | {f"{n}:{m}" for n in MAIN for m in MODES}
+        raise app.UsageError(f"--modes: unknown {bad}; expected {list(_configs.MODES)}")
+    known = set(_configs.MAIN) | {f"{n}:{m}" for n in _configs.MAIN for m in _configs.MODES}
     bad = [c for c in FLAGS.configs or [] if c not in known]
     if bad:
-        raise app.UsageError(f"--configs: unknown {bad}; expected some of {MAIN}")
+        raise app.UsageError(f"--configs: unknown {bad}; expected some of {_configs.MAIN}")
     started = time.time()
     out = os.path.abspath(FLAGS.out)
     os.makedirs(out, exist_ok=True)
@@ -425,26 +303,27 @@ def main(argv):
     hidden = tuple(int(h) for h in FLAGS.hidden_units)
     modes = list(FLAGS.modes)
     if "comm_reduced" in modes:
-        bench.comm_reduced_skip = probe_comm_reduced(FLAGS.communication_period)
+        bench.comm_reduced_skip = _runners.probe_comm_reduced(FLAGS.communication_period)
         if bench.comm_reduced_skip:
             line = (f"comm_reduced: skipped: the trainer rejects --communication_period="
                     f"{FLAGS.communication_period} ({bench.comm_reduced_skip})")
             print(line, flush=True)
             bench.notes.append(line)
-    main_cfgs = selected(MAIN, modes, hidden, FLAGS.configs, "main")
+    main_cfgs = _configs.selected(_configs.MAIN, modes, hidden, FLAGS.configs, "main")
     sweep_cfgs = [c for w in FLAGS.sweep_widths if int(w) != hidden[0]
-                  for c in selected(SWEEP, modes, (int(w), int(w)), FLAGS.configs, "sweep")]
+                  for c in _configs.selected(_configs.SWEEP, modes, (int(w), int(w)),
+                                             FLAGS.configs, "sweep")]
     runnable = (lambda cs: [c for c in cs if not (c.mode == "comm_reduced" and
                                                  bench.comm_reduced_skip)])
     total = (len(runnable(main_cfgs)) * FLAGS.repeats +
              len(runnable(sweep_cfgs)) * FLAGS.sweep_repeats +
-             (len(runnable([Config("a", "lowlevel", m, 1, 2, False, ()) for m in modes]))
+             (len(runnable([_configs.Config("a", "lowlevel", m, 1, 2, False, ()) for m in modes]))
               if FLAGS.accuracy else 0))
     print(f"throughput: {len(main_cfgs)} configurations x {FLAGS.repeats} round(s), "
           f"{len(sweep_cfgs)} sweep run(s) x {FLAGS.sweep_repeats}, accuracy "
           f"{'on' if FLAGS.accuracy else 'off'}; output in {out}", flush=True)
     if FLAGS.placement:
-        result["placement"] = placement_balance(hidden)
+        result["placement"] = _runners.placement_balance(hidden)
     rng = random.Random(FLAGS.seed)
     for rnd in range(max(FLAGS.repeats, FLAGS.sweep_repeats)):
         todo = list(main_cfgs) if rnd < FLAGS.repeats else []
