@@ -9,13 +9,16 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
-# ratio name -> (numerator (name, mode), denominator (name, mode)); 1 ps + 2 workers unless named
+# ratio name -> (numerator, denominator), each (name, mode) or a tuple of them (the first
+# that ran in a round is used); 1 ps + 2 workers unless the name says otherwise
 RATIOS = {
     "lowlevel_1ps1w_over_local": (("lowlevel_1ps1w", "comm_reduced"), ("local", "n/a")),
     "lowlevel_1ps1w_over_local_exact": (("lowlevel_1ps1w", "exact"), ("local", "n/a")),
     "lowlevel_over_tf2_pss": (("lowlevel_1ps2w", "comm_reduced"), ("tf2_pss_1ps2w", "n/a")),
     "lowlevel_over_tf2_pss_exact": (("lowlevel_1ps2w", "exact"), ("tf2_pss_1ps2w", "n/a")),
-    "sync_over_async": (("lowlevel_1ps2w_sync", "comm_reduced"),
+    # sync in comm_reduced mode if it ran, else exact (the trainer may refuse --sync with a
+    # communication period), over async comm_reduced
+    "sync_over_async": ((("lowlevel_1ps2w_sync", "comm_reduced"), ("lowlevel_1ps2w_sync", "exact")),
                         ("lowlevel_1ps2w", "comm_reduced")),
     "sync_over_async_exact": (("lowlevel_1ps2w_sync", "exact"), ("lowlevel_1ps2w", "exact")),
     "lowlevel_1ps1w_over_classic_exact": (("lowlevel_1ps1w", "exact"), ("classic_1ps1w", "n/a")),
@@ -72,6 +75,7 @@ def aggregate(runs: list) -> list:
             bytes_by_ps_share=_shares(ok),
             peak_rss_mb=max(rss.values()) if rss else None, peak_rss_mb_by_task=rss,
             startup_secs=_median([r.get("startup_secs") for r in ok]),
+            startup_import_secs=_median([r.get("startup_import_secs") for r in ok]),
             shutdown_secs=_median([r.get("shutdown_secs") for r in ok]),
             shutdown_note=next((r.get("shutdown_note") for r in ok if r.get("shutdown_note")),
                                None),
@@ -110,8 +114,7 @@ def ratios(runs: list, records: list, placement: Optional[dict]) -> dict:
     for key, (num, den) in RATIOS.items():
         per_round = []
         for rnd in sorted({r["round"] for r in main}):
-            a = [r for r in main if r["round"] == rnd and (r["name"], r["mode"]) == num]
-            b = [r for r in main if r["round"] == rnd and (r["name"], r["mode"]) == den]
+            a, b = _pick(main, rnd, num), _pick(main, rnd, den)
             if a and b:
                 per_round.append(a[0]["examples_per_sec"] / b[0]["examples_per_sec"])
         out[key] = round(_median(per_round), 3) if per_round else None
@@ -124,6 +127,15 @@ def ratios(runs: list, records: list, placement: Optional[dict]) -> dict:
     plan = [out["ps_byte_imbalance_mlp"], out["ps_byte_imbalance_cnn"]]
     out["ps_byte_imbalance"] = max(plan) if None not in plan else None
     return out
+
+
+def _pick(runs: list, rnd: int, which) -> list:
+    """The runs of round `rnd` of (name, mode) `which`, or of the first of several that ran."""
+    for key in (which if isinstance(which[0], tuple) else (which,)):
+        found = [r for r in runs if r["round"] == rnd and (r["name"], r["mode"]) == key]
+        if found:
+            return found
+    return []
 
 
 def targets(ratio: dict, records: list, accuracy: Optional[dict]) -> dict:
@@ -166,6 +178,7 @@ COLUMNS = [("config", "name", None), ("mode", "mode", None), ("ps", "num_ps", 0)
            ("MB/step measured", "bytes_per_step", (3, 1e6)),
            ("MB/step analytic", "bytes_per_step_analytic", (3, 1e6)),
            ("peak RSS MiB (max task)", "peak_rss_mb", 0), ("startup s", "startup_secs", 1),
+           ("of which import s", "startup_import_secs", 1),
            ("shutdown s", "shutdown_secs", 1), ("test acc", "accuracy", 3), ("runs", "runs", 0)]
 
 
@@ -183,7 +196,7 @@ def table(records: list) -> str:
             else:
                 cells.append(_fmt(v, spec))
         if rec.get("skipped"):
-            cells[6] = "skipped"
+            cells[6] = "skipped" if rec["mode"] != "comm_reduced" else "skipped (comm_reduced)"
         elif not rec["runs"]:
             cells[6] = "failed"
         lines.append("| " + " | ".join(cells) + " |")
@@ -211,7 +224,9 @@ def markdown(result: dict) -> str:
              "the ps tasks per local step, measured from the kernel's TCP counters "
              "(analytic: 2 x 4 bytes x parameters / communication period); peak RSS: VmHWM "
              "of the largest task; startup: first process started to the first step of the "
-             "last worker; shutdown: last step to every process gone.\n"]
+             "last worker (of which import: until the last task had imported TensorFlow, "
+             "its first log line); shutdown: last step to every process gone (none for the "
+             "references: their ps never exits).\n"]
     for line in result.get("notes", []):
         parts.append(f"- {line}")
     parts.append("\n## Configurations\n")

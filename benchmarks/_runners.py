@@ -16,6 +16,8 @@ by PID, and returns one *run* dict:
   peak_rss_mb: {task: MiB}, VmHWM
   startup_secs: from starting the first process to the end of the first step of the
       last worker to start training (tf2_pss: the coordinator's first joined step)
+  startup_import_secs: (lowlevel) the part of it until the last task had imported
+      TensorFlow (its first log line)
   shutdown_secs: from the last worker's last step to every process gone (None, with
       `shutdown_note`, when the trainer's ps never exits by itself)
   accuracy, loss: test split, from final_metrics.json (lowlevel only)
@@ -25,8 +27,10 @@ by PID, and returns one *run* dict:
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -237,10 +241,38 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
     metrics = _read_json(os.path.join(out, "final_metrics.json")) or {}
     run = summarise(tasks, watcher, batch_size, launched, [[t["task"]] for t in tasks])
     run.update(ok=True, shutdown_secs=_shutdown(watcher, tasks), shutdown_note=None,
+               startup_import_secs=imported_secs(procs.log_path(name), launched),
                accuracy=metrics.get("accuracy"), loss=metrics.get("loss"),
                global_step=metrics.get("global_step"), tasks=tasks,
                wall_secs=round(time.time() - launched, 1))
     return run
+
+
+_LOG_LINE = re.compile(r"^(?:\[(\w+)\] )?[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+) ")
+
+
+def imported_secs(log_path: str, launched_unix: float) -> Optional[float]:
+    """Seconds from the launch to the first log line of the last task to log one.
+
+    A lowlevel task logs nothing before TensorFlow is imported (its first line is
+    "server listening", or the data line in-process), so this is the part of the start-up
+    spent starting Python and importing TensorFlow.
+    """
+    first: dict = {}
+    day = datetime.date.fromtimestamp(launched_unix)
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = _LOG_LINE.match(line)
+                if m and (m.group(1) or "main") not in first:
+                    t = datetime.datetime.strptime(m.group(2), "%H:%M:%S.%f").time()
+                    unix = datetime.datetime.combine(day, t).timestamp()
+                    if unix < launched_unix - 3600:  # past midnight
+                        unix += 86400
+                    first[m.group(1) or "main"] = unix
+    except OSError:
+        return None
+    return round(max(first.values()) - launched_unix, 2) if first else None
 
 
 def _error_line(log: str) -> str:
