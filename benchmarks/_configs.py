@@ -82,8 +82,11 @@ def analytic_bytes(cfg: Config, period: int) -> int:
 
 
 def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size: int,
-               learning_rate: float, period: int, timeout_secs: float) -> dict:
+               learning_rate: float, period: int, timeout_secs: float,
+               lowlevel_flags: tuple = ()) -> dict:
     """Runs the configuration's trainer: `warmup` + `measured` local steps per worker.
+
+    `lowlevel_flags` are appended to the lowlevel (and local) trainer commands only.
 
     Returns the run dict of `_runners` (examples/s, step ms, bytes, RSS, times).
     """
@@ -104,6 +107,7 @@ def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size
             flags_.append("--sync")
         if cfg.mode == "comm_reduced":
             flags_.append(f"--communication_period={period}")
+        flags_ += list(lowlevel_flags)
         return _runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
                                      batch)
     if cfg.trainer == "classic":

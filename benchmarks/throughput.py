@@ -98,6 +98,9 @@ flags.DEFINE_boolean("placement", True, "Compute lowlevel's ps byte balance for 
                      "the CNN on 2 ps (a short TensorFlow process).")
 flags.DEFINE_float("run_timeout_secs", 300.0, "A run still going after this is stopped and "
                    "recorded as failed.")
+flags.DEFINE_list("lowlevel_flags", None, "Extra trainer flags for the lowlevel and local "
+                  "runs only, e.g. --lowlevel_flags=--intra_op_threads=2 (an experiment: "
+                  "recorded in meta.settings).")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 
 QUICK = {"repeats": 1, "measure_secs": 1.5, "min_steps": 50, "sweep_widths": ["2048"],
@@ -155,7 +158,7 @@ class Bench:
         started = time.monotonic()
         result = _configs.run_config(cfg, warmup, measured, workdir, FLAGS.batch_size,
                                      FLAGS.learning_rate, FLAGS.communication_period,
-                                     FLAGS.run_timeout_secs)
+                                     FLAGS.run_timeout_secs, FLAGS.lowlevel_flags or ())
         _tidy(workdir)
         run = dict(base, **result, warmup_steps=warmup, measured_steps_per_worker=measured)
         if result.get("skipped") and "Unknown command line flag" in result["skipped"]:
@@ -258,7 +261,7 @@ def meta(argv, started: float) -> dict:
             "settings": {k: FLAGS[k].value for k in (
                 "quick", "repeats", "measure_secs", "warmup_secs", "warmup_steps", "min_steps",
                 "sweep_widths", "sweep_repeats", "communication_period", "modes",
-                "hidden_units", "batch_size", "learning_rate", "accuracy_steps")}}
+                "hidden_units", "batch_size", "learning_rate", "accuracy_steps", "lowlevel_flags")}}
 
 
 def write(bench: Bench, result: dict, final: bool) -> None:
@@ -347,8 +350,10 @@ def print_summary(result: dict, out: str) -> None:
     print("\n" + _report.targets_table(result["targets"]))
     extra = {k: v for k, v in result["ratios"].items() if k not in result["targets"]}
     print("other ratios: " + json.dumps(extra))
-    failed = [r for r in result["runs"] if not r.get("ok") and not r.get("skipped")]
-    print(f"\nthroughput: {len(result['runs'])} runs ({len(failed)} failed) in "
+    ran = [r for r in result["runs"] if r.get("ok")]
+    skipped = [r for r in result["runs"] if r.get("skipped")]
+    failed = len(result["runs"]) - len(ran) - len(skipped)
+    print(f"\nthroughput: {len(ran)} runs ({failed} failed, {len(skipped)} skipped) in "
           f"{result['meta']['wall_secs']:.0f} s; {out}/results.json, results.md, "
           f"throughput.png", flush=True)
 
