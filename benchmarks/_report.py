@@ -234,7 +234,8 @@ def markdown(result: dict) -> str:
     sweep = [r for r in result["records"] if r["part"] == "sweep"]
     if sweep:
         parts.append("\n## Model-size sweep\n")
-        parts.append(table(sorted(sweep, key=lambda r: (r["name"], r["mode"], r["params"]))))
+        parts.append(table(sorted(sweep, key=lambda r: (r["trainer"], r["num_ps"], r["mode"],
+                                                       r["params"]))))
     acc = result.get("accuracy")
     if acc:
         parts.append("\n## Accuracy (digits)\n")
