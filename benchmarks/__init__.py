@@ -1,1 +1,1 @@
-"""Reference trainers and (soon) the throughput benchmark; run modules with `python -m benchmarks.<name>`."""
+"""The throughput benchmark and its reference trainers: `python -m benchmarks.<name>`."""

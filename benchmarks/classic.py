@@ -29,6 +29,10 @@ included), "step_ms_p50", "step_ms_p90" (of the `session.run` wall times),
 `MonitoredTrainingSession` closes, so a close that hangs (sync mode,
 tensorflow/tensorflow#2386) does not lose it.
 
+`--start_file` (not textbook; off by default): each worker waits after "session ready"
+until the file exists, so a driver that starts the chief first (below) can still have all
+workers train side by side (`benchmarks.throughput` does).
+
 Stock behaviour the driver must allow for (not fixed here on purpose):
 - A non-chief worker that starts before the chief has initialised the variables sleeps
   30 s (`SessionManager`'s `recovery_wait_secs`, tensorflow/tensorflow#10679). Start the
@@ -51,6 +55,7 @@ With no --ps_hosts/--worker_hosts it trains in one session with no servers (a sa
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -77,6 +82,10 @@ flags.DEFINE_boolean("sync", False, "SyncReplicasOptimizer, aggregating one grad
 flags.DEFINE_string("checkpoint_dir", None, "Passed to MonitoredTrainingSession (checkpoints "
                     "and summaries); default none, as a pure throughput run.")
 flags.DEFINE_string("out_json", None, "Where a worker writes its throughput record.")
+flags.DEFINE_string("start_file", None, "If set, a worker whose session is ready waits until "
+                    "this file exists before its first step (a driver creates it once every "
+                    "worker's session is ready, so that the workers train side by side and "
+                    "the chief does not run the first global steps alone).")
 
 
 def mlp(images, hidden_units):
@@ -167,6 +176,8 @@ def main(_):
                                            checkpoint_dir=FLAGS.checkpoint_dir,
                                            hooks=hooks, config=config) as sess:
         logging.info("%s: session ready", task)
+        while FLAGS.start_file and not os.path.exists(FLAGS.start_file):
+            time.sleep(0.05)
         gstep, loss_value = 0, float("nan")
         while not sess.should_stop():
             bx, by = next(batches)

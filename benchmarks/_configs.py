@@ -1,0 +1,120 @@
+"""The configurations of `benchmarks.throughput`: names, shapes, and the trainer flags.
+
+A configuration is a trainer (local | lowlevel | classic | tf2_pss), a shape (ps tasks,
+workers, sync or async), a mode (exact | comm_reduced for lowlevel, n/a otherwise) and the
+MLP's hidden widths. Names: `local`, `<trainer>_<P>ps<W>w`, `lowlevel_1ps2w_sync`; sweep
+configurations get `_h<width>` appended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from benchmarks import _runners
+
+MAIN = ["local", "classic_1ps1w", "classic_1ps2w", "lowlevel_1ps1w", "lowlevel_1ps2w",
+        "lowlevel_2ps2w", "lowlevel_1ps2w_sync", "tf2_pss_1ps1w", "tf2_pss_1ps2w"]
+SWEEP = ["local", "classic_1ps1w", "lowlevel_1ps1w"]
+MODES = ("exact", "comm_reduced")
+REF_PARAMS = 669_706  # MLP 784-512-512-10
+# Local steps per second per worker for the 0.67 M MLP on 2 cores: the first guess of a
+# run's length, replaced by what the configuration measures.
+PRIOR_STEPS_PER_SEC = {"local": 300.0, "classic": 90.0, "lowlevel": 90.0, "tf2_pss": 45.0,
+                       "comm_reduced": 250.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    trainer: str  # local | lowlevel | classic | tf2_pss
+    mode: str  # exact | comm_reduced for lowlevel; n/a for the others
+    num_ps: int
+    num_workers: int
+    sync: bool
+    hidden: tuple
+    part: str = "main"  # main | sweep | accuracy
+    dataset: str = "synthetic"
+
+    @property
+    def params(self) -> int:
+        return mlp_params(self.hidden)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}:{self.mode}"
+
+
+def mlp_params(hidden) -> int:
+    widths = [784, *hidden, 10]
+    return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def parse_config(name: str, hidden: tuple, mode: str, part: str = "main") -> Config:
+    if name == "local":
+        return Config(name, "local", "n/a", 0, 1, False, hidden, part)
+    trainer, _, shape = name.rpartition("_") if not name.endswith("_sync") else \
+        name[:-5].rpartition("_")
+    num_ps, num_workers = (int(x) for x in shape.rstrip("w").split("ps"))
+    return Config(name, trainer, mode if trainer == "lowlevel" else "n/a", num_ps,
+                  num_workers, name.endswith("_sync"), hidden, part)
+
+
+def selected(names: list, modes: list, hidden: tuple, allowed: Optional[list],
+             part: str) -> list:
+    out = []
+    for name in names:
+        for mode in (modes if name.startswith("lowlevel") else ["n/a"]):
+            if allowed is not None and name not in allowed and f"{name}:{mode}" not in allowed:
+                continue
+            cfg = parse_config(name, hidden, mode, part)
+            if part == "sweep":
+                cfg = dataclasses.replace(cfg, name=f"{name}_h{hidden[0]}")
+            out.append(cfg)
+    return out
+
+
+def analytic_bytes(cfg: Config, period: int) -> int:
+    """Each exchange moves every variable once each way: 2 x 4 bytes x parameters."""
+    if cfg.num_ps == 0:
+        return 0
+    return round(8 * cfg.params / (period if cfg.mode == "comm_reduced" else 1))
+
+
+def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size: int,
+               learning_rate: float, period: int, timeout_secs: float,
+               lowlevel_flags: tuple = ()) -> dict:
+    """Runs the configuration's trainer: `warmup` + `measured` local steps per worker.
+
+    `lowlevel_flags` are appended to the lowlevel (and local) trainer commands only.
+
+    Returns the run dict of `_runners` (examples/s, step ms, bytes, RSS, times).
+    """
+    steps = warmup + measured
+    # The global step to stop at: async, every worker step is one; sync, one per
+    # aggregation of one step from each worker.
+    global_steps = steps if cfg.sync or cfg.num_ps == 0 else steps * cfg.num_workers
+    hidden = ",".join(str(h) for h in cfg.hidden)
+    common = [f"--hidden_units={hidden}", f"--batch_size={batch_size}",
+              f"--learning_rate={learning_rate}"]
+    timeout, batch = timeout_secs, batch_size
+    if cfg.trainer in ("local", "lowlevel"):
+        flags_ = common + [f"--dataset={cfg.dataset}", "--model=mlp", "--optimizer=adagrad",
+                           f"--warmup_steps={warmup}",
+                           "--save_checkpoint_secs=100000", "--log_every_secs=5",
+                           f"--train_steps={global_steps}"]
+        if cfg.sync:
+            flags_.append("--sync")
+        if cfg.mode == "comm_reduced":
+            flags_.append(f"--communication_period={period}")
+        flags_ += list(lowlevel_flags)
+        return _runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
+                                     batch)
+    if cfg.trainer == "classic":
+        flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
+                           f"--warmup_steps={warmup}"]
+        return _runners.run_classic(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
+                                    batch)
+    flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
+                       f"--warmup_steps={warmup * cfg.num_workers}"]
+    return _runners.run_tf2_pss(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout, batch)
