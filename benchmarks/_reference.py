@@ -49,17 +49,28 @@ def _machine(host_port: str) -> str:
         return host
 
 
-def thread_counts(all_hosts: Sequence[str], my_host: Optional[str]):
-    """(intra_op, inter_op) as `lowlevel` chooses them: the cores shared by the tasks on this host.
+def thread_counts(training_hosts: Sequence[str], my_host: Optional[str], trains: bool = True,
+                  other_hosts: Sequence[str] = ()):
+    """(intra_op, inter_op) as `lowlevel.server.session_config` chooses them.
 
-    intra = max(1, cores // tasks_on_host), inter = max(2, intra). In-process
-    (`my_host` None) the one task has every core.
+    The cores of a machine go to the training tasks on it: intra-op =
+    max(1, cores // training tasks on this host); a task that does not train
+    (a ps, tf2_pss's coordinator) gets 1 when training tasks share its
+    machine, else its share among the other such tasks there (`other_hosts`,
+    itself included). inter-op = max(2, intra-op). In-process (`my_host`
+    None) the one task has every core.
     """
     cores = os.cpu_count() or 1
-    share = cores
-    if my_host is not None:
-        mine = _machine(my_host)
-        share = max(1, cores // max(1, sum(_machine(h) == mine for h in all_hosts)))
+    if my_host is None:
+        return cores, max(2, cores)
+    mine = _machine(my_host)
+    training_here = sum(_machine(h) == mine for h in training_hosts)
+    if trains:
+        share = max(1, cores // max(1, training_here))
+    elif training_here:
+        share = 1
+    else:
+        share = max(1, cores // max(1, sum(_machine(h) == mine for h in other_hosts)))
     return share, max(2, share)
 
 

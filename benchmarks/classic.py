@@ -15,8 +15,9 @@ TensorFlow" how-to of the TF1 era, kept as users wrote it:
 - stock `MonitoredTrainingSession` + `StopAtStepHook(last_step=--train_steps)`.
 
 Only two things differ from the textbook, for a fair comparison with `lowlevel`: the
-session config has the same thread counts `lowlevel` would choose (intra-op =
-max(1, cores // tasks on this host), inter-op = max(2, intra-op)) and
+session config has the same thread counts `lowlevel` would choose (the cores shared
+by the workers on a host, 1 intra-op thread for a ps beside them; inter-op >= 2;
+`_reference.thread_counts`) and
 `device_filters=["/job:ps", "/job:worker/task:I"]` on workers (a ps sees only itself).
 
 What it measures: each worker times every `session.run` of its training loop after its
@@ -126,7 +127,7 @@ def main(_):
 
     if distributed:
         me = (ps_hosts if FLAGS.job_name == "ps" else worker_hosts)[FLAGS.task_index]
-        intra, inter = ref.thread_counts(ps_hosts + worker_hosts, me)
+        intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker", ps_hosts)
         filters = ([f"/job:ps/task:{FLAGS.task_index}"] if FLAGS.job_name == "ps"
                    else ["/job:ps", f"/job:worker/task:{FLAGS.task_index}"])
         config = v1.ConfigProto(intra_op_parallelism_threads=intra,

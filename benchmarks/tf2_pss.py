@@ -22,8 +22,10 @@ dispatches `tf.function` steps to the workers, whose variables live on the ps ta
   once inside the dataset function, reshuffled every epoch, batched, scaled to [0, 1],
   prefetched).
 - Threads: each task calls `tf.config.threading` before anything else runs (and passes
-  the same counts in its server's config): intra-op = max(1, cores // tasks on this
-  host), inter-op = max(2, intra-op), the chief counted as a task; as in `lowlevel`.
+  the same counts in its server's config), as `lowlevel` chooses them
+  (`_reference.thread_counts`): the workers share the cores of their host; the ps and
+  the chief (the coordinator, which dispatches but does not compute) get 1 intra-op
+  thread beside them; inter-op >= 2.
 
 What it measures (chief only; --out_json, also printed): the chief schedules 1 step and
 joins (`first_step_unix`), then the rest of `--warmup_steps`, joins, and then schedules
@@ -175,7 +177,8 @@ def main(_):
     if not 0 <= FLAGS.task_index < len(jobs[FLAGS.job_name]):
         raise app.UsageError(f"--task_index={FLAGS.task_index} out of range")
     me = jobs[FLAGS.job_name][FLAGS.task_index]
-    intra, inter = ref.thread_counts(ps_hosts + worker_hosts + [FLAGS.chief_host], me)
+    intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker",
+                                     ps_hosts + [FLAGS.chief_host])
     # As the TensorFlow tutorial advises: a failed RPC reports to the caller at once.
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     import tensorflow as tf

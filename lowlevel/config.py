@@ -94,9 +94,9 @@ class TrainConfig:
         then keeps waiting; the step completes when they are back).
       warmup_steps: each task's first local steps, left out of its step-time
         figures (`<output_dir>/tasks/<task>.json`).
-      communication_period: async training: local steps each worker takes
-        between exchanges with the ps (`lowlevel.local_sgd`); 1 is the exact
-        mode. No effect in-process.
+      communication_period: local steps each worker takes between exchanges
+        with the ps (`lowlevel.local_sgd`: async, or with `sync` synchronous
+        model averaging); 1 is the exact mode. No effect in-process.
     """
 
     model: str = "mlp"
@@ -165,9 +165,6 @@ class TrainConfig:
                     f"--replicas_to_aggregate={self.replicas_to_aggregate}: expected 1 to "
                     f"{num_workers}, the number of workers")
         _positive("communication_period", self.communication_period)
-        if self.sync and self.communication_period > 1:
-            raise UsageError(f"--communication_period={self.communication_period} is for "
-                             "asynchronous training; drop it or --sync")
         if self.warmup_steps < 0:
             raise UsageError(f"--warmup_steps={self.warmup_steps}: expected 0 or more")
         for name in ("startup_timeout_secs", "shutdown_timeout_secs", "eval_timeout_secs",

@@ -28,14 +28,22 @@ up to one), and the optimizer's slots (Adagrad accumulators, Adam moments)
 are per worker instead of shared. The benchmark reports the test accuracy of
 both modes beside their speed; `--communication_period=1` switches it off.
 
-The global step counts local steps. Each exchange also claims the next block
-of at most K steps (`claim`, atomic on global_step's ps), so the run ends at
-exactly `--train_steps` however the workers interleave.
+With `--sync` the exchange is synchronous model averaging instead: the ps
+model becomes the average of `--replicas_to_aggregate` workers' models every
+K steps (McDonald et al., "Distributed Training Strategies for the Structured
+Perceptron", NAACL 2010; Lin et al. above), through the same
+`SyncReplicasOptimizer` machinery as the exact sync mode.
+
+The global step counts local steps (in sync mode, each worker's: a round of K
+steps moves it by K). Each async exchange claims the next block of at most K
+steps (`claim`, atomic on global_step's ps), and each sync round moves it by
+at most what is left, so the run ends at exactly `--train_steps`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import tensorflow as tf
 
@@ -62,7 +70,7 @@ class LocalCopies:
     """
 
     def __init__(self, worker_device: str):
-        self._device = worker_device
+        self.device = worker_device
         self.triples: list[tuple] = []
         self._copies: dict[str, object] = {}
 
@@ -77,7 +85,7 @@ class LocalCopies:
         for part in parts:
             with tf.device(part.device):
                 reads.append(part.read_value())
-        with v1.device(None), v1.device(self._device):
+        with v1.device(None), v1.device(self.device):
             initial = reads[0] if len(reads) == 1 else tf.concat(reads, axis=0)
             copy = v1.Variable(initial, trainable=False, name=f"{name}/local",
                                collections=[v1.GraphKeys.LOCAL_VARIABLES])
@@ -100,29 +108,48 @@ class LocalSGDOps:
 
     Attributes:
       local_step: one optimizer step on the worker's copies (no ps traffic).
-      exchange: pushes the deltas, pulls fresh copies and claims the next
-        block; evaluates to int64 `[2]`: (global step at the block's start,
-        steps in the block). 0 steps: the run is over.
+      first: evaluates to int64 `[2]`: (global step at the start of this
+        worker's first block of local steps, steps in it). 0 steps: the run is
+        over.
+      exchange: pushes the deltas, pulls fresh copies and evaluates to the
+        next block, as `first`.
+      sync_optimizer: sync mode: the `SyncReplicasOptimizer` that averages the
+        deltas (its hook runs the chief's sync loop); None when async.
     """
 
     local_step: object
+    first: object
     exchange: object
+    sync_optimizer: Optional[object] = None
 
 
-def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: int
-          ) -> LocalSGDOps:
+def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: int,
+          sync: Optional[tuple[int, int]] = None) -> LocalSGDOps:
     """Builds the local step and the exchange for the model built with `copies`.
 
     The optimizer's slots and other variables it creates (for the copies, on
     the worker) are moved to the local variables.
 
+    Async (`sync` None): each exchange adds this worker's delta to the ps
+    variables and claims the next block of steps (`claim`).
+
+    Sync (`sync` = (replicas_to_aggregate, total workers)): synchronous
+    periodic model averaging. Each worker's -delta goes through a
+    `SyncReplicasOptimizer` as if it were a gradient: the ps accumulators
+    average `replicas_to_aggregate` of them, the chief's sync loop applies the
+    mean (descent at rate 1: the ps model becomes the average of the workers'
+    models) and moves global_step by the round's steps, and its tokens release
+    the workers, who then pull the average. Extra workers are backups, as in
+    the exact sync mode: their late deltas are dropped as stale.
+
     Args:
-      opt: a `tf.compat.v1.train.Optimizer`.
+      opt: a `tf.compat.v1.train.Optimizer`, for the local steps.
       loss: float32 scalar computed with the local copies.
       copies: the `LocalCopies` the model was built with.
       global_step: the int64 global step variable (on a ps).
       period: K, the local steps per exchange.
       last_step: `--train_steps`.
+      sync: None, or (replicas_to_aggregate, total number of workers).
     """
     graph = v1.get_default_graph()
     before = set(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
@@ -131,25 +158,73 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
     _make_local([v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
                  if v not in before])
 
-    updates = []
+    pieces = []  # (delta piece, ps shard), and per variable the shards and the copies
     for parts, copy, anchor in copies.triples:
         with tf.device(copy.device):
             delta = copy.read_value() - anchor.read_value()
-            pieces = (tf.split(delta, [p.shape[0] for p in parts], axis=0) if len(parts) > 1
-                      else [delta])
-        fresh = []
-        for part, piece in zip(parts, pieces):
+            split = (tf.split(delta, [p.shape[0] for p in parts], axis=0) if len(parts) > 1
+                     else [delta])
+        pieces += list(zip(split, parts))
+    sync_opt = None
+    if sync is None:
+        pushed = []
+        for piece, part in pieces:
             with tf.device(part.device):
-                pushed = part.assign_add(piece, read_value=False)
-                with tf.control_dependencies([pushed]):
+                pushed.append(part.assign_add(piece, read_value=False))
+    else:
+        replicas, total = sync
+        sync_opt = v1.train.SyncReplicasOptimizer(
+            _AverageOptimizer(period, last_step), replicas_to_aggregate=replicas,
+            total_num_replicas=total)
+        negated = []
+        for piece, part in pieces:
+            with tf.device(copies.device):
+                negated.append((-piece, part))
+        pushed = [sync_opt.apply_gradients(negated, global_step=global_step)]
+    updates = []
+    with tf.control_dependencies(pushed):
+        for parts, copy, anchor in copies.triples:
+            fresh = []
+            for part in parts:
+                with tf.device(part.device):
                     fresh.append(part.read_value())
-        with tf.device(copy.device):
-            fresh = tf.concat(fresh, axis=0) if len(fresh) > 1 else fresh[0]
-            updates += [copy.assign(fresh, read_value=False),
-                        anchor.assign(fresh, read_value=False)]
+            with tf.device(copy.device):
+                fresh = tf.concat(fresh, axis=0) if len(fresh) > 1 else fresh[0]
+                updates += [copy.assign(fresh, read_value=False),
+                            anchor.assign(fresh, read_value=False)]
+    if sync is None:
+        with tf.control_dependencies(updates):
+            exchange = claim(global_step, period, last_step)
+        return LocalSGDOps(local_step, exchange, exchange)
     with tf.control_dependencies(updates):
-        exchange = claim(global_step, period, last_step)
-    return LocalSGDOps(local_step, exchange)
+        exchange = _next_round(global_step, period, last_step)
+    return LocalSGDOps(local_step, _next_round(global_step, period, last_step), exchange,
+                       sync_opt)
+
+
+def _steps_left(start, period: int, last_step: int):
+    return tf.maximum(tf.minimum(tf.constant(period, tf.int64), last_step - start), 0)
+
+
+def _next_round(global_step, period: int, last_step: int):
+    """Sync: int64 `[2]`: (global step, steps in the next round); only the sync loop moves it."""
+    with tf.device(global_step.device):
+        start = global_step.read_value()
+        return tf.stack([start, _steps_left(start, period, last_step)])
+
+
+class _AverageOptimizer(v1.train.GradientDescentOptimizer):
+    """Applies the averaged -delta at rate 1 and moves global_step by the round's local steps."""
+
+    def __init__(self, period: int, last_step: int):
+        super().__init__(1.0, name="ModelAverage")
+        self._period, self._last_step = period, last_step
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        update = super().apply_gradients(grads_and_vars, name=name)
+        with tf.control_dependencies([update]):
+            steps = _steps_left(global_step.read_value(), self._period, self._last_step)
+            return global_step.assign_add(steps, read_value=False)
 
 
 def claim(global_step, period: int, last_step: int):
@@ -163,7 +238,7 @@ def claim(global_step, period: int, last_step: int):
 
         def reserve():
             start = global_step.read_value()
-            n = tf.maximum(tf.minimum(tf.constant(period, tf.int64), last_step - start), 0)
+            n = _steps_left(start, period, last_step)
             with tf.control_dependencies([global_step.assign_add(n, read_value=False)]):
                 return tf.stack([start, n])
 

@@ -101,10 +101,11 @@ flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for 
 flags.DEFINE_float("sync_timeout_secs", 30.0, "Sync mode: how long one step may wait for "
                    "gradients before the chief logs which workers do not answer (it keeps "
                    "waiting; the step completes when they are back).")
-flags.DEFINE_integer("communication_period", 1, "Async training: local steps each worker "
-                     "takes between exchanges with the ps (local SGD: K times fewer bytes per "
-                     "step; see lowlevel/local_sgd.py for what it trades). 1: exact, every step "
-                     "reads the parameters and pushes its gradients.")
+flags.DEFINE_integer("communication_period", 1, "Local steps each worker takes between "
+                     "exchanges with the ps: local SGD (async) or model averaging (--sync); "
+                     "K times fewer bytes per step; see lowlevel/local_sgd.py for what it "
+                     "trades. 1: exact, every step reads the parameters and pushes its "
+                     "gradients.")
 flags.DEFINE_integer("warmup_steps", 20, "Each task's first local steps, left out of the "
                      "step times in <output_dir>/tasks/<task>.json.")
 

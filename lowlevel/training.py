@@ -136,10 +136,11 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 with v1.variable_scope(v1.get_variable_scope(), custom_getter=copies):
                     loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
                 local_ops = local_sgd.build(opt, loss, copies, global_step,
-                                            config.communication_period, config.train_steps)
+                                            config.communication_period, config.train_steps,
+                                            (replicas, num_workers) if sync else None)
             else:
                 loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
-            if sync:
+            if sync and not local:
                 opt = v1.train.SyncReplicasOptimizer(
                     opt, replicas_to_aggregate=replicas, total_num_replicas=num_workers)
                 update = opt.minimize(loss, global_step=global_step)
@@ -170,7 +171,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                       config.train_steps, config.log_every_secs, summary_dir,
                                       config.warmup_steps, config.batch_size)
         if local_ops:
-            progress.not_steps.append(local_ops.exchange)
+            progress.not_steps += [local_ops.first, local_ops.exchange]
         steps = hooks.StepCounter()
         # The chief first waits for the other workers (so that its final checkpoint
         # and evaluation hold their last updates) and tells the ps tasks to exit
@@ -182,9 +183,13 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         run_hooks.append(progress)
         if sync:
             others = [t for t in cluster.training_tasks() if not t.is_chief]
+            # Model averaging starts without tokens: a worker's first exchange must
+            # wait for the first average, not pull the model it started from.
             run_hooks.append(hooks.SyncReplicasHook(
-                opt, task.is_chief, global_step, config.train_steps, config.sync_timeout_secs,
-                lambda: server_lib.unreachable_tasks(cluster, others)))
+                local_ops.sync_optimizer if local else opt, task.is_chief, global_step,
+                config.train_steps, config.sync_timeout_secs,
+                lambda: server_lib.unreachable_tasks(cluster, others),
+                num_tokens=0 if local else -1))
         if task.is_chief and config.output_dir:
             run_hooks += [
                 hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
@@ -306,10 +311,11 @@ def run_loop(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None
 
     Exact mode: each run is one step and returns its step number; a worker
     whose step finds no step left gets `OutOfRangeError` (`counted_update`).
-    Communication-reduced mode: local steps, and an exchange that claims each
-    block of steps; an empty block ends the loop.
+    Communication-reduced mode: local steps, and an exchange that gives the
+    next block of steps (async: claims it; sync: waits for the round's
+    average); an empty block ends the loop.
     """
-    left = 0
+    left, exchange = 0, g.local_ops.first if g.local_ops else None
     while not sess.should_stop() and not stop.is_set():
         if g.local_ops is None:
             try:
@@ -320,7 +326,8 @@ def run_loop(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None
                 return
             continue
         if left == 0:
-            start, left = (int(x) for x in sess.run(g.local_ops.exchange))
+            start, left = (int(x) for x in sess.run(exchange))
+            exchange = g.local_ops.exchange
             g.steps.value = start
             if left == 0:
                 return

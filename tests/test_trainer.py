@@ -66,15 +66,19 @@ def _assert_clean_end(statuses, logs):
         assert lag <= 10, f"{name} exited {lag:.1f} s after the last step"
 
 
+MODES = {"async": [], "sync": ["--sync"], "local_sgd": ["--communication_period=8"],
+         "model_averaging": ["--sync", "--communication_period=8"]}
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["async", "sync", "local_sgd"])
+@pytest.mark.parametrize("mode", sorted(MODES))
 def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path, mode):
-    flags = {"async": [], "sync": ["--sync"], "local_sgd": ["--communication_period=8"]}[mode]
+    flags = MODES[mode]
     statuses, logs, out = run_cluster(xprocess, ports, tmp_path, *flags)
     _assert_clean_end(statuses, logs)
     metrics = clusters.final_metrics(out)
     assert metrics["accuracy"] >= 0.9, metrics
-    assert metrics["sync"] == (mode == "sync")
+    assert metrics["sync"] == ("--sync" in flags)
     assert (metrics["num_ps"], metrics["num_workers"]) == (1, 2)
     assert metrics["train_examples_per_sec"] > 0
     # Every mode stops at exactly the last step: sync through the chief's sync loop,
@@ -84,8 +88,10 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     records = [json.load(open(os.path.join(out, "tasks", f"worker{i}.json"))) for i in (0, 1)]
     assert all(r["measured_steps"] > 0 and 0 < r["step_ms_p50"] <= r["step_ms_p90"]
                for r in records), records
-    if mode != "sync":  # every global step is one worker's step, and only one's
+    if "--sync" not in flags:  # every global step is one worker's step, and only one's
         assert sum(r["local_steps"] for r in records) == 1500, records
+    elif mode == "model_averaging":  # a round of K steps on every worker moves it by K
+        assert [r["local_steps"] for r in records] == [1500, 1500], records
     # The chief's last stdout line is the metrics JSON.
     last = [l for l in open(logs["worker0"]).read().splitlines() if l.strip()][-1]
     assert json.loads(last) == metrics
