@@ -250,11 +250,15 @@ def markdown(result: dict) -> str:
 
 
 def accuracy_text(acc: dict) -> str:
+    seeds = acc.get("seeds") or [0]
     lines = [f"lowlevel {acc['config']}, async, {acc['examples']:,} training examples "
-             f"({acc['train_steps']} global steps of batch {acc['batch_size']}):"]
+             f"({acc['train_steps']} global steps of batch {acc['batch_size']}), digits test "
+             f"accuracy, mean over seed(s) {', '.join(map(str, seeds))}:"]
     for mode in ("exact", "comm_reduced"):
         v = acc.get(mode)
-        lines.append(f"- {mode}: " + (f"test accuracy {v:.4f}" if v is not None else
+        by_seed = acc.get(f"{mode}_by_seed") or []
+        each = f" (each: {', '.join(f'{a:.4f}' for a in by_seed)})" if len(by_seed) > 1 else ""
+        lines.append(f"- {mode}: " + (f"test accuracy {v:.4f}{each}" if v is not None else
                                       acc.get(f"{mode}_note") or "not run"))
     if acc.get("drop") is not None:
         lines.append(f"- drop (exact - comm_reduced): {acc['drop'] * 100:+.2f} points")

@@ -4,7 +4,7 @@
   summaries. The stock `CheckpointSaverHook` and `SummarySaverHook` each add
   a read of global_step to every step — a round trip to its ps that the
   communication-reduced mode's local steps would otherwise not make at all.
-  These take the step the training loop already knows (`StepCounter`).
+  These take the step the training loop already knows (`LoopState`).
 - `SyncReplicasHook`: `SyncReplicasOptimizer`'s own hook, except that the
   chief's sync loop ends by itself at the last step instead of blocking in
   the ps's accumulators until its session is cancelled, and a step stuck on
@@ -27,11 +27,22 @@ from absl import logging
 v1 = tf.compat.v1
 
 
-class StepCounter:
-    """The global step as the training loop last saw it (`value`), so hooks need not read it."""
+class LoopState:
+    """What the training loop knows, shared with the hooks so they need not fetch it.
+
+    The loop runs most steps through a callable on the raw session, past the
+    hooks (`training.StepRunner`); a step goes through the monitored session,
+    and so through the hooks, when one of them is `due()`.
+
+    Attributes:
+      value: the global step as the loop last saw it.
+      in_step: the run under way is a training step (not an exchange or a
+        claim): hooks that fetch the batch's loss or summaries act only then.
+    """
 
     def __init__(self):
         self.value = 0
+        self.in_step = False
 
 
 class CheckpointHook(v1.train.SessionRunHook):
@@ -45,11 +56,11 @@ class CheckpointHook(v1.train.SessionRunHook):
     Args:
       saver: the `tf.compat.v1.train.Saver`.
       output_dir: where `model.ckpt-<global step>` files go.
-      steps: the training loop's `StepCounter`.
+      steps: the training loop's `LoopState`.
       save_steps / save_secs: the cadence; steps win when both are given.
     """
 
-    def __init__(self, saver, output_dir: str, steps: StepCounter,
+    def __init__(self, saver, output_dir: str, steps: LoopState,
                  save_steps: Optional[int] = None, save_secs: Optional[float] = None):
         self._saver = saver
         self._output_dir = output_dir
@@ -74,11 +85,13 @@ class CheckpointHook(v1.train.SessionRunHook):
             self._save(session)
         self._timer.update_last_triggered_step(step)
 
-    def before_run(self, run_context):
+    def due(self) -> bool:
         # Before the next run the loop has recorded the step the last one ended at.
-        step = self._steps.value
-        if self._timer.should_trigger_for_step(step):
-            self._timer.update_last_triggered_step(step)
+        return self._timer.should_trigger_for_step(self._steps.value)
+
+    def before_run(self, run_context):
+        if self.due():
+            self._timer.update_last_triggered_step(self._steps.value)
             self._save(run_context.session)
 
     def end(self, session):
@@ -92,21 +105,24 @@ class CheckpointHook(v1.train.SessionRunHook):
 
 
 class SummaryHook(v1.train.SessionRunHook):
-    """Writes the graph's merged summaries (of the step just run) every `every_secs` seconds."""
+    """Writes the graph's merged summaries (of a training step) every `every_secs` seconds."""
 
-    def __init__(self, output_dir: str, every_secs: float):
+    def __init__(self, output_dir: str, every_secs: float, state: LoopState):
         self._output_dir = output_dir
-        self._timer = v1.train.SecondOrStepTimer(every_secs=every_secs)
-        self._runs = 0
+        self._every_secs = every_secs
+        self._state = state
+        self._next = 0.0
 
     def begin(self):
         self._summary = v1.summary.merge_all()
         self._global_step = v1.train.get_global_step()
 
+    def due(self) -> bool:
+        return self._summary is not None and time.monotonic() >= self._next
+
     def before_run(self, run_context):
-        self._runs += 1
-        if self._summary is not None and self._timer.should_trigger_for_step(self._runs):
-            self._timer.update_last_triggered_step(self._runs)
+        if self._state.in_step and self.due():
+            self._next = time.monotonic() + self._every_secs
             return v1.train.SessionRunArgs({"summary": self._summary,
                                             "step": self._global_step})
         return None
@@ -209,9 +225,9 @@ class ProgressHook(v1.train.SessionRunHook):
 
     A line reads `step 1200/3000 | loss 0.1234 | 12,345 examples/s | 95.1 steps/s`
     (rates over all workers since the previous line; the launcher parses it).
-    It also times every `session.run` of the training loop, for `task_record`;
-    runs of the fetches in `not_steps` (the exchanges of the communication-
-    reduced mode) are not steps: they count in the wall time, not the steps.
+    The training loop times every step (`record`), for `task_record`; a
+    line is due (`due`) at the first step and then every `every_secs`, and is
+    written from a step run through the hooks.
 
     Args:
       global_step: the global step variable.
@@ -220,6 +236,7 @@ class ProgressHook(v1.train.SessionRunHook):
         replicas_to_aggregate in sync mode).
       train_steps: the last step, for the "x/y" display.
       every_secs: seconds between lines.
+      state: the loop's `LoopState`.
       summary_dir: where the chief writes the `examples_per_sec` summary; None
         for no summaries.
       warmup_steps: this task's first local steps, left out of the step times.
@@ -227,13 +244,14 @@ class ProgressHook(v1.train.SessionRunHook):
     """
 
     def __init__(self, global_step, loss, examples_per_step: int, train_steps: int,
-                 every_secs: float, summary_dir: Optional[str] = None, warmup_steps: int = 0,
-                 batch_size: int = 0):
+                 every_secs: float, state: LoopState, summary_dir: Optional[str] = None,
+                 warmup_steps: int = 0, batch_size: int = 0):
         self._global_step = global_step
         self._loss = loss
         self._examples_per_step = examples_per_step
         self._train_steps = train_steps
         self._every_secs = every_secs
+        self._state = state
         self._summary_dir = summary_dir
         self._warmup_steps = warmup_steps
         self._batch_size = batch_size
@@ -242,7 +260,6 @@ class ProgressHook(v1.train.SessionRunHook):
         self.first_step_unix = self.last_step_unix = self._window_start = None
         self.local_steps = 0
         self.step_secs: list[float] = []
-        self.not_steps: list = []  # fetches whose runs are not training steps (exchanges)
 
     def after_create_session(self, session, coord):
         step = int(session.run(self._global_step))
@@ -251,30 +268,30 @@ class ProgressHook(v1.train.SessionRunHook):
         self._last_step = step
         self._last_time = time.monotonic()
 
-    def before_run(self, run_context):
-        self._t0 = time.perf_counter()
-        self._counted = run_context.original_args.fetches not in self.not_steps
-        if not self._counted:
-            return None
+    def record(self, start: float, seconds: float) -> None:
+        """One training step took `seconds`, from `start` (`time.time()`)."""
         if self.local_steps == self._warmup_steps:
-            self._window_start = time.time()
-        if self.first_step_time is None or time.monotonic() - self._last_time >= self._every_secs:
+            self._window_start = start
+        self.local_steps += 1
+        self.last_step_unix = start + seconds
+        if self.first_step_unix is None:
+            self.first_step_unix = self.last_step_unix
+        if self.local_steps > self._warmup_steps:
+            self.step_secs.append(seconds)
+
+    def due(self) -> bool:
+        return (self.first_step_time is None or
+                time.monotonic() - self._last_time >= self._every_secs)
+
+    def before_run(self, run_context):
+        if self._state.in_step and self.due():
             return v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
         return None
 
     def after_run(self, run_context, run_values):
-        if not self._counted:
-            return
-        dt = time.perf_counter() - self._t0
-        self.local_steps += 1
-        self.last_step_unix = time.time()
-        if self.first_step_unix is None:
-            self.first_step_unix = self.last_step_unix
-        if self.local_steps > self._warmup_steps:
-            self.step_secs.append(dt)
-        now = time.monotonic()
         if run_values.results is None:
             return
+        now = time.monotonic()
         step, loss = int(run_values.results["step"]) + 1, float(run_values.results["loss"])
         if self.first_step_time is None:
             self.first_step_time, self.first_step = now, step

@@ -62,6 +62,9 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
     and a fair 1 thread each leaves a lone worker at half the speed of
     in-process training while its ps idles (benchmarks/NOTES.md).
 
+    When the host has more tasks than cores, idle pool threads sleep at once
+    instead of spinning first (`disable_thread_spinning`).
+
     `device_filters` keep a worker from waiting for, or talking to, the other
     workers: it sees only the ps job and itself; a ps sees only itself.
     """
@@ -74,11 +77,16 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
     else:
         share = max(1, cores // training_here)
         filters = ["/job:ps", task.device]
-    return v1.ConfigProto(
+    config = v1.ConfigProto(
         intra_op_parallelism_threads=intra_op_threads or share,
         inter_op_parallelism_threads=inter_op_threads or max(2, share),
         allow_soft_placement=True,
         device_filters=filters)
+    # More tasks than cores: an idle pool thread that spins before it sleeps
+    # burns a core another task on the host needs (+5 % exact 1 ps + 2 workers,
+    # benchmarks/NOTES.md).
+    config.experimental.disable_thread_spinning = here() > cores
+    return config
 
 
 class StartupError(RuntimeFailure):

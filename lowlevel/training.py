@@ -8,6 +8,7 @@ summaries, evaluates at the end and shuts the cluster down (`server`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -19,7 +20,8 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import checkpoints, evaluation, hooks, local_sgd, models, placement, sessions
+from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
+                      sessions)
 from lowlevel import server as server_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -46,34 +48,6 @@ def make_optimizer(name: str, learning_rate: float):
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def counted_update(opt, loss, global_step, last_step: int):
-    """An async training step that stops global_step at exactly `last_step`.
-
-    The step reserves its number first with `ResourceCountUpTo` (one atomic
-    op on global_step's ps: returns the old value and adds 1, or fails with
-    `OutOfRangeError` once the value is `last_step`), and its gradients are
-    applied only after that. Each step number up to `last_step` is taken by
-    exactly one worker, so the run ends at exactly `last_step`; with
-    `minimize(global_step=...)` every worker that read the step before the end
-    applies its update and the step overshoots by up to (workers - 1).
-
-    Returns:
-      int64 scalar: this step's number (the global step after it). Running it
-      raises `tf.errors.OutOfRangeError` when no step is left.
-    """
-    grads_and_vars = [(g, v) for g, v in opt.compute_gradients(loss) if g is not None]
-    with tf.device(global_step.device):
-        previous = tf.raw_ops.ResourceCountUpTo(resource=global_step.handle, limit=last_step,
-                                                T=tf.int64)
-    gated = []
-    for g, v in grads_and_vars:  # the gate sits beside the variable: no extra round trip
-        with tf.device(v.device), tf.control_dependencies([previous]):
-            gated.append((tf.identity(g), v))
-    update = opt.apply_gradients(gated)
-    with tf.control_dependencies([update]):
-        return previous + 1
-
-
 @dataclasses.dataclass
 class TrainGraph:
     """What `build` puts in the graph, for one worker."""
@@ -88,7 +62,7 @@ class TrainGraph:
     progress: hooks.ProgressHook
     final_eval: Optional[evaluation.FinalEvalHook]
     examples_per_step: int
-    steps: hooks.StepCounter  # the global step as the loop last saw it
+    steps: hooks.LoopState  # the global step as the loop last saw it
 
 
 def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -138,18 +112,28 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 local_ops = local_sgd.build(opt, loss, copies, global_step,
                                             config.communication_period, config.train_steps,
                                             (replicas, num_workers) if sync else None)
+            elif cluster:  # exact: small variables travel together (lowlevel.exact)
+                model_fn(tf.zeros([1, *data.image_shape]))  # creates the variables
+                small = exact.SmallVariables(
+                    v1.trainable_variables(),
+                    placement.worker_device(task.task_index, worker_gpu, task.job_name))
+                small.pull()
+                with v1.variable_scope(v1.get_variable_scope(), custom_getter=small):
+                    loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+                grads = small.gradients(loss, v1.trainable_variables())
             else:
                 loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+                grads = [(g, v) for g, v in opt.compute_gradients(loss) if g is not None]
             if sync and not local:
                 opt = v1.train.SyncReplicasOptimizer(
                     opt, replicas_to_aggregate=replicas, total_num_replicas=num_workers)
-                update = opt.minimize(loss, global_step=global_step)
+                update = opt.apply_gradients(grads, global_step=global_step)
                 # The step read after the update lets a worker stop as soon as the
                 # last step is done (only the chief's sync loop moves it).
                 with tf.control_dependencies([update]):
                     train_op = global_step.read_value()
             elif not local:
-                train_op = counted_update(opt, loss, global_step, config.train_steps)
+                train_op = exact.counted_update(opt, grads, global_step, config.train_steps)
             final_eval = None
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(evaluation.build(
@@ -167,12 +151,10 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
 
         examples_per_step = config.batch_size * (replicas if sync else 1)
         summary_dir = config.output_dir if task.is_chief else None
+        steps = hooks.LoopState()
         progress = hooks.ProgressHook(global_step, loss, examples_per_step,
-                                      config.train_steps, config.log_every_secs, summary_dir,
-                                      config.warmup_steps, config.batch_size)
-        if local_ops:
-            progress.not_steps += [local_ops.first, local_ops.exchange]
-        steps = hooks.StepCounter()
+                                      config.train_steps, config.log_every_secs, steps,
+                                      summary_dir, config.warmup_steps, config.batch_size)
         # The chief first waits for the other workers (so that its final checkpoint
         # and evaluation hold their last updates) and tells the ps tasks to exit
         # last; a worker reports that it is done after everything else.
@@ -194,7 +176,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             run_hooks += [
                 hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
                                      config.save_checkpoint_steps, config.save_checkpoint_secs),
-                hooks.SummaryHook(config.output_dir, max(config.log_every_secs, 1.0))]
+                hooks.SummaryHook(config.output_dir, max(config.log_every_secs, 1.0), steps)]
         if final_eval:
             run_hooks.append(final_eval)
         if done and task.is_chief:
@@ -306,34 +288,136 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     return metrics if task.is_chief else None
 
 
+class StepRunner:
+    """Runs training steps: past the hooks when none is due, through them when one is.
+
+    `MonitoredSession.run` costs Python time on every step (each hook's
+    `before_run`/`after_run`, a new fetch handler per call); with every core
+    busy that is ~9 % fewer examples/s (1 ps + 2 workers, exact mode,
+    benchmarks/NOTES.md). So a step runs as a callable made once on the raw
+    session (`Session.make_callable`), unless a hook is `due()` (a progress
+    line, a summary, a checkpoint), when it goes through the monitored
+    session. A step that fails on the raw session with an error a failed task
+    causes is run again through the monitored session, which recovers
+    (creates a new session) first.
+    """
+
+    def __init__(self, sess, g: "TrainGraph"):
+        self._sess = sess
+        self._g = g
+        self._due = [h.due for h in g.hooks if hasattr(h, "due")]
+        self._raw = None
+        self._calls: dict = {}
+
+    def __call__(self, fetch):
+        """Runs one training step that fetches `fetch`; returns its value."""
+        state, start = self._g.steps, time.time()
+        t0 = time.perf_counter()
+        if any(due() for due in self._due):
+            state.in_step = True
+            try:
+                value = self._sess.run(fetch)
+            finally:
+                state.in_step = False
+        else:
+            value = self._fast(fetch)
+        self._g.progress.record(start, time.perf_counter() - t0)
+        return value
+
+    def _fast(self, fetch):
+        raw = self._sess._tf_sess()  # noqa: SLF001 - the live tf.Session
+        if raw is None:
+            return self._sess.run(fetch)
+        if raw is not self._raw:  # a new session, after a failure
+            self._raw, self._calls = raw, {}
+        if fetch not in self._calls:
+            self._calls[fetch] = raw.make_callable(fetch)
+        try:
+            return self._calls[fetch]()
+        except _LOST:
+            return self._sess.run(fetch)
+
+
 def run_loop(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:
     """Runs training steps until `last_step` is reached, the session stops, or `stop` is set.
 
     Exact mode: each run is one step and returns its step number; a worker
     whose step finds no step left gets `OutOfRangeError` (`counted_update`).
-    Communication-reduced mode: local steps, and an exchange that gives the
-    next block of steps (async: claims it; sync: waits for the round's
-    average); an empty block ends the loop.
+    Communication-reduced mode: blocks of local steps, each claimed first; an
+    empty block ends the loop (`_local_sgd_loop`).
     """
-    left, exchange = 0, g.local_ops.first if g.local_ops else None
+    step = StepRunner(sess, g)
+    if g.local_ops is not None:
+        return _local_sgd_loop(sess, g, step, stop)
     while not sess.should_stop() and not stop.is_set():
-        if g.local_ops is None:
-            try:
-                g.steps.value = int(sess.run(g.train_op))
-            except tf.errors.OutOfRangeError:  # another worker took the last step
-                return
-            if g.steps.value >= last_step:
-                return
-            continue
-        if left == 0:
-            start, left = (int(x) for x in sess.run(exchange))
-            exchange = g.local_ops.exchange
-            g.steps.value = start
+        try:
+            g.steps.value = int(step(g.train_op))
+        except tf.errors.OutOfRangeError:  # another worker took the last step
+            return
+        if g.steps.value >= last_step:
+            return
+
+
+# Errors of a run that lost its ps (or its session, replaced after a failure).
+_LOST = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+         tf.errors.NotFoundError, tf.errors.FailedPreconditionError, RuntimeError)
+
+
+def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event) -> None:
+    """Blocks of local steps; between blocks, the exchange with the ps.
+
+    Async: the exchange of a finished block (`send`) runs in a background
+    thread, on the raw session, while the next block trains; it is folded in
+    (`merge`) at the next boundary. The last one is waited for, so a worker
+    has pushed everything before it reports done; so is the block a
+    preemption interrupts. Sync: `exchange` waits for the round's average.
+    """
+    ops = g.local_ops
+    if ops.send is None:  # sync: model averaging, one blocking exchange per round
+        next_round = ops.claim
+        while not sess.should_stop() and not stop.is_set():
+            start, left = (int(x) for x in sess.run(next_round))
+            next_round, g.steps.value = ops.exchange, start
             if left == 0:
                 return
-        sess.run(g.local_ops.local_step)
-        g.steps.value += 1
-        left -= 1
+            for _ in range(left):
+                step(ops.local_step)
+                g.steps.value += 1
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange")
+    pending, trained = None, False
+    try:
+        while not sess.should_stop() and not stop.is_set():
+            if pending is not None:
+                _merge(sess, ops, pending)
+            pending = pool.submit(sess._tf_sess().run, ops.send) if trained else None  # noqa: SLF001
+            start, left = (int(x) for x in sess.run(ops.claim))
+            g.steps.value = start
+            if left == 0:
+                break
+            for _ in range(left):
+                if stop.is_set():
+                    break
+                step(ops.local_step)
+                g.steps.value += 1
+            trained = True
+        if pending is not None:
+            _merge(sess, ops, pending)
+        if stop.is_set() and trained:  # preempted mid-block: push what it has
+            _merge(sess, ops, pool.submit(sess._tf_sess().run, ops.send))  # noqa: SLF001
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _merge(sess, ops: local_sgd.LocalSGDOps, pending) -> None:
+    try:
+        pending.result()
+    except _LOST as e:
+        logging.info("exchange with the ps failed (%s); taking the ps model afresh",
+                     getattr(e, "message", e))
+        sess.run(ops.resync)  # through the monitored session: it recovers first if need be
+        return
+    sess.run(ops.merge)
 
 
 def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):

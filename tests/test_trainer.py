@@ -82,7 +82,7 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     assert (metrics["num_ps"], metrics["num_workers"]) == (1, 2)
     assert metrics["train_examples_per_sec"] > 0
     # Every mode stops at exactly the last step: sync through the chief's sync loop,
-    # async because each step reserves its number first (training.counted_update), and
+    # async because each step reserves its number first (exact.counted_update), and
     # local SGD because each exchange claims the next block of steps.
     assert metrics["global_step"] == 1500
     records = [json.load(open(os.path.join(out, "tasks", f"worker{i}.json"))) for i in (0, 1)]
