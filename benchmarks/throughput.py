@@ -65,26 +65,31 @@ from absl import app, flags
 from benchmarks import _configs, _report, _runners
 
 FLAGS = flags.FLAGS
-flags.DEFINE_boolean("quick", False, "Short runs, 1 round, a 2-point sweep (< 5 min on 2 "
-                     "cores). Explicitly given flags still win.")
+flags.DEFINE_boolean("quick", False, "Short runs, 1 round (3 of local and lowlevel_1ps1w), "
+                     "a 2-point sweep, 2 accuracy seeds (< 5 min on 2 cores). Explicitly given flags still win.")
 flags.DEFINE_string("out", os.path.join("benchmarks", "results", "latest"),
                     "Output directory (results.json, results.md, throughput.png, runs/).")
-flags.DEFINE_list("configs", None, "Configurations to run (default: all; see the module "
-                  "doc). A name may end in :exact or :comm_reduced.")
+flags.DEFINE_list("configs", None, "Configurations to run (default: all; quick: all but "
+                  "classic_1ps2w and tf2_pss_1ps1w; see the module doc). A name may end in "
+                  ":exact or :comm_reduced.")
 flags.DEFINE_list("modes", ["exact", "comm_reduced"], "Modes of the lowlevel configurations.")
 flags.DEFINE_integer("communication_period", 16, "comm_reduced mode: local steps between "
                      "exchanges with the ps (passed as the trainer's --communication_period).")
 flags.DEFINE_integer("repeats", 3, "Rounds of the main configurations (quick: 1).")
-flags.DEFINE_integer("headline_repeats", None, "Rounds of the configurations behind the "
-                     "narrow throughput targets (local, lowlevel 1ps1w and 1ps2w, tf2_pss "
-                     "1ps2w), if more than --repeats (quick: 2). A run-to-run spread of "
-                     "10-20 % was seen here between identical runs minutes apart.")
+flags.DEFINE_integer("headline_repeats", None, "Rounds of the --headline configurations, "
+                     "if more than --repeats (quick: 3). A run-to-run spread of 10-20 % was "
+                     "seen here between identical runs minutes apart.")
+flags.DEFINE_list("headline", ["local:n/a", "lowlevel_1ps1w:exact", "lowlevel_1ps1w:comm_reduced",
+                               "lowlevel_1ps2w:exact", "lowlevel_1ps2w:comm_reduced",
+                               "tf2_pss_1ps2w:n/a"],
+                  "The configurations (name:mode) behind the narrow throughput targets, "
+                  "run --headline_repeats rounds (quick: local and lowlevel_1ps1w).")
 flags.DEFINE_list("hidden_units", ["512", "512"], "MLP hidden widths of the main "
                   "configurations.")
 flags.DEFINE_integer("batch_size", 128, "Examples per worker step.")
 flags.DEFINE_float("learning_rate", 0.1, "Adagrad learning rate.")
 flags.DEFINE_float("measure_secs", 5.0, "Target measured seconds per run, after warm-up "
-                   "(quick: 1.5).")
+                   "(quick: 2.5).")
 flags.DEFINE_float("warmup_secs", 1.0, "Target warm-up seconds per worker: each worker's "
                    "first local steps, not measured (they also cover the other workers' "
                    "start).")
@@ -99,7 +104,7 @@ flags.DEFINE_boolean("accuracy", True, "Run the digits accuracy check (exact vs 
 flags.DEFINE_integer("accuracy_steps", 2000, "Global steps of each accuracy run (the "
                      "trainer's default --train_steps).")
 flags.DEFINE_list("accuracy_seeds", ["0", "1", "2"], "Seeds of the accuracy runs; each mode "
-                  "is run with each, and the mean is compared (quick: 0).")
+                  "is run with each, and the mean is compared (quick: 0,1).")
 flags.DEFINE_boolean("placement", True, "Compute lowlevel's ps byte balance for the MLP and "
                      "the CNN on 2 ps (a short TensorFlow process).")
 flags.DEFINE_float("run_timeout_secs", 300.0, "A run still going after this is stopped and "
@@ -109,15 +114,17 @@ flags.DEFINE_list("lowlevel_flags", None, "Extra trainer flags for the lowlevel 
                   "recorded in meta.settings).")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 
-# Quick: one round, 3 s measured per configuration (1.5 s left run-to-run noise of
-# +-10-15 % here, as wide as some targets' margins), the accuracy check at the
-# trainer's default length with one seed.
-QUICK = {"repeats": 1, "headline_repeats": 2, "measure_secs": 2.5, "min_steps": 50,
-         "sweep_widths": ["2048"], "accuracy_steps": 2000, "accuracy_seeds": ["0"]}
-# The configurations behind the throughput targets whose margins are narrow
-# (lowlevel_1ps1w_over_local, lowlevel_over_tf2_pss and their exact variants).
-HEADLINE = {"local:n/a", "lowlevel_1ps1w:exact", "lowlevel_1ps1w:comm_reduced",
-            "lowlevel_1ps2w:exact", "lowlevel_1ps2w:comm_reduced", "tf2_pss_1ps2w:n/a"}
+# Quick: one round of every configuration the targets need (not classic_1ps2w,
+# tf2_pss_1ps1w), 2.5 s measured per run (1.5 s left run-to-run noise of +-10-15 %
+# here), three rounds of the pair behind the narrowest target (lowlevel_1ps1w over
+# local), the accuracy check at the trainer's default length with two seeds
+# (one seed moved the comm_reduced drop between 0.1 and 0.8 points).
+QUICK = {"repeats": 1, "headline_repeats": 3, "measure_secs": 2.5, "min_steps": 50,
+         "sweep_widths": ["2048"], "accuracy_steps": 2000, "accuracy_seeds": ["0", "1"],
+         "configs": [c for c in _configs.MAIN if c not in ("classic_1ps2w", "tf2_pss_1ps1w")],
+         "headline": ["local:n/a", "lowlevel_1ps1w:exact", "lowlevel_1ps1w:comm_reduced"]}
+
+
 class Bench:
     def __init__(self, out: str):
         self.out = out
@@ -288,7 +295,7 @@ def meta(argv, started: float) -> dict:
             "python": sys.version.split()[0], "tensorflow": tf_version, "git_commit": commit,
             "loadavg_start": round(os.getloadavg()[0], 2),
             "settings": {k: FLAGS[k].value for k in (
-                "quick", "repeats", "headline_repeats", "measure_secs", "warmup_secs", "warmup_steps", "min_steps",
+                "quick", "configs", "repeats", "headline_repeats", "headline", "measure_secs", "warmup_secs", "warmup_steps", "min_steps",
                 "sweep_widths", "sweep_repeats", "communication_period", "modes",
                 "hidden_units", "batch_size", "learning_rate", "accuracy_steps", "lowlevel_flags")}}
 
@@ -347,7 +354,7 @@ def main(argv):
     runnable = (lambda cs: [c for c in cs if not (c.mode == "comm_reduced" and
                                                  bench.comm_reduced_skip)])
     total = (len(runnable(main_cfgs)) * FLAGS.repeats +
-             len([c for c in runnable(main_cfgs) if c.key in HEADLINE]) *
+             len([c for c in runnable(main_cfgs) if c.key in FLAGS.headline]) *
              max(0, (FLAGS.headline_repeats or 0) - FLAGS.repeats) +
              len(runnable(sweep_cfgs)) * FLAGS.sweep_repeats +
              (len(runnable([_configs.Config("a", "lowlevel", m, 1, 2, False, ()) for m in modes]))
@@ -362,7 +369,7 @@ def main(argv):
     headline_repeats = max(FLAGS.headline_repeats or 0, FLAGS.repeats)
     for rnd in range(max(headline_repeats, FLAGS.sweep_repeats)):
         todo = [c for c in main_cfgs if rnd < FLAGS.repeats or
-                (rnd < headline_repeats and c.key in HEADLINE)]
+                (rnd < headline_repeats and c.key in FLAGS.headline)]
         rng.shuffle(todo)
         sweep = list(sweep_cfgs) if rnd < FLAGS.sweep_repeats else []
         rng.shuffle(sweep)

@@ -320,11 +320,12 @@ class StepRunner:
             finally:
                 state.in_step = False
         else:
-            value = self._fast(fetch)
+            value = self.fast(fetch)
         self._g.progress.record(start, time.perf_counter() - t0)
         return value
 
-    def _fast(self, fetch):
+    def fast(self, fetch):
+        """Runs `fetch` on the raw session (the monitored one after a failure); no hook sees it."""
         raw = self._sess._tf_sess()  # noqa: SLF001 - the live tf.Session
         if raw is None:
             return self._sess.run(fetch)
@@ -389,9 +390,9 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
     try:
         while not sess.should_stop() and not stop.is_set():
             if pending is not None:
-                _merge(sess, ops, pending)
+                _merge(sess, step, ops, pending)
             pending = pool.submit(sess._tf_sess().run, ops.send) if trained else None  # noqa: SLF001
-            start, left = (int(x) for x in sess.run(ops.claim))
+            start, left = (int(x) for x in step.fast(ops.claim))
             g.steps.value = start
             if left == 0:
                 break
@@ -402,14 +403,14 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
                 g.steps.value += 1
             trained = True
         if pending is not None:
-            _merge(sess, ops, pending)
+            _merge(sess, step, ops, pending)
         if stop.is_set() and trained:  # preempted mid-block: push what it has
-            _merge(sess, ops, pool.submit(sess._tf_sess().run, ops.send))  # noqa: SLF001
+            _merge(sess, step, ops, pool.submit(sess._tf_sess().run, ops.send))  # noqa: SLF001
     finally:
         pool.shutdown(wait=False)
 
 
-def _merge(sess, ops: local_sgd.LocalSGDOps, pending) -> None:
+def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending) -> None:
     try:
         pending.result()
     except _LOST as e:
@@ -417,7 +418,7 @@ def _merge(sess, ops: local_sgd.LocalSGDOps, pending) -> None:
                      getattr(e, "message", e))
         sess.run(ops.resync)  # through the monitored session: it recovers first if need be
         return
-    sess.run(ops.merge)
+    step.fast(ops.merge)
 
 
 def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):
