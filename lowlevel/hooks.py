@@ -31,7 +31,7 @@ class LoopState:
     """What the training loop knows, shared with the hooks so they need not fetch it.
 
     The loop runs most steps through a callable on the raw session, past the
-    hooks (`training.StepRunner`); a step goes through the monitored session,
+    hooks (`loop.StepRunner`); a step goes through the monitored session,
     and so through the hooks, when one of them is `due()`.
 
     Attributes:

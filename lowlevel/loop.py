@@ -1,0 +1,154 @@
+"""The training loop of one worker: steps, and in the communication-reduced mode the exchanges.
+
+`training.train` builds the graph (`training.TrainGraph`) and the session and
+calls `run`; `run` returns when the last step is done, the session stops, or
+a preemption is requested.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel import local_sgd
+
+if TYPE_CHECKING:
+    from lowlevel.training import TrainGraph
+
+
+class StepRunner:
+    """Runs training steps: past the hooks when none is due, through them when one is.
+
+    `MonitoredSession.run` costs Python time on every step (each hook's
+    `before_run`/`after_run`, a new fetch handler per call); with every core
+    busy that is ~9 % fewer examples/s (1 ps + 2 workers, exact mode,
+    benchmarks/NOTES.md). So a step runs as a callable made once on the raw
+    session (`Session.make_callable`), unless a hook is `due()` (a progress
+    line, a summary, a checkpoint), when it goes through the monitored
+    session. A step that fails on the raw session with an error a failed task
+    causes is run again through the monitored session, which recovers
+    (creates a new session) first.
+    """
+
+    def __init__(self, sess, g: TrainGraph):
+        self._sess = sess
+        self._g = g
+        self._due = [h.due for h in g.hooks if hasattr(h, "due")]
+        self._raw = None
+        self._calls: dict = {}
+
+    def __call__(self, fetch):
+        """Runs one training step that fetches `fetch`; returns its value."""
+        state, start = self._g.steps, time.time()
+        t0 = time.perf_counter()
+        if any(due() for due in self._due):
+            state.in_step = True
+            try:
+                value = self._sess.run(fetch)
+            finally:
+                state.in_step = False
+        else:
+            value = self.fast(fetch)
+        self._g.progress.record(start, time.perf_counter() - t0)
+        return value
+
+    def fast(self, fetch):
+        """Runs `fetch` on the raw session (the monitored one after a failure); no hook sees it."""
+        raw = self._sess._tf_sess()  # noqa: SLF001 - the live tf.Session
+        if raw is None:
+            return self._sess.run(fetch)
+        if raw is not self._raw:  # a new session, after a failure
+            self._raw, self._calls = raw, {}
+        if fetch not in self._calls:
+            self._calls[fetch] = raw.make_callable(fetch)
+        try:
+            return self._calls[fetch]()
+        except _LOST:
+            return self._sess.run(fetch)
+
+
+def run(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:
+    """Runs training steps until `last_step` is reached, the session stops, or `stop` is set.
+
+    Exact mode: each run is one step and returns its step number; a worker
+    whose step finds no step left gets `OutOfRangeError` (`counted_update`).
+    Communication-reduced mode: blocks of local steps, each claimed first; an
+    empty block ends the loop (`_local_sgd_loop`).
+    """
+    step = StepRunner(sess, g)
+    if g.local_ops is not None:
+        return _local_sgd_loop(sess, g, step, stop)
+    while not sess.should_stop() and not stop.is_set():
+        try:
+            g.steps.value = int(step(g.train_op))
+        except tf.errors.OutOfRangeError:  # another worker took the last step
+            return
+        if g.steps.value >= last_step:
+            return
+
+
+# Errors of a run that lost its ps (or its session, replaced after a failure).
+_LOST = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+         tf.errors.NotFoundError, tf.errors.FailedPreconditionError, RuntimeError)
+
+
+def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event) -> None:
+    """Blocks of local steps; between blocks, the exchange with the ps.
+
+    Async: the exchange of a finished block (`send`) runs in a background
+    thread, on the raw session, while the next block trains; it is folded in
+    (`merge`) at the next boundary. The last one is waited for, so a worker
+    has pushed everything before it reports done; so is the block a
+    preemption interrupts. Sync: `exchange` waits for the round's average.
+    """
+    ops = g.local_ops
+    if ops.send is None:  # sync: model averaging, one blocking exchange per round
+        next_round = ops.claim
+        while not sess.should_stop() and not stop.is_set():
+            start, left = (int(x) for x in sess.run(next_round))
+            next_round, g.steps.value = ops.exchange, start
+            if left == 0:
+                return
+            for _ in range(left):
+                step(ops.local_step)
+                g.steps.value += 1
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange")
+    pending, trained = None, False
+    try:
+        while not sess.should_stop() and not stop.is_set():
+            if pending is not None:
+                _merge(sess, step, ops, pending)
+            pending = pool.submit(sess._tf_sess().run, ops.send) if trained else None  # noqa: SLF001
+            start, left = (int(x) for x in step.fast(ops.claim))
+            g.steps.value = start
+            if left == 0:
+                break
+            for _ in range(left):
+                if stop.is_set():
+                    break
+                step(ops.local_step)
+                g.steps.value += 1
+            trained = True
+        if pending is not None:
+            _merge(sess, step, ops, pending)
+        if stop.is_set() and trained:  # preempted mid-block: push what it has
+            _merge(sess, step, ops, pool.submit(sess._tf_sess().run, ops.send))  # noqa: SLF001
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending) -> None:
+    try:
+        pending.result()
+    except _LOST as e:
+        logging.info("exchange with the ps failed (%s); taking the ps model afresh",
+                     getattr(e, "message", e))
+        sess.run(ops.resync)  # through the monitored session: it recovers first if need be
+        return
+    step.fast(ops.merge)
