@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 LOG_TIME = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) ")
@@ -47,6 +49,18 @@ def wait_all(procs: dict, timeout_secs: float) -> dict:
             proc.wait()
             done[name] = (None, datetime.datetime.now())
     return done
+
+
+def leftovers(out) -> list:
+    """The processes (psutil) still running with `out` in their command line."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(out) in arg for arg in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
 
 
 def log_time(log_path, needle) -> datetime.datetime:

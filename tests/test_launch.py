@@ -17,17 +17,6 @@ def _launch(out, *flags, timeout=240):
                           text=True, timeout=timeout)
 
 
-def _leftovers(out):
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(out) in arg for arg in p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 @pytest.mark.timeout(400)
 def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     out = tmp_path / "run"
@@ -53,7 +42,7 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     assert "[worker0]" in third.stdout and "nothing to train" in third.stdout
     assert "[worker1]" in third.stdout and "session ready" not in third.stdout
     assert clusters.final_metrics(out) == m2
-    assert not _leftovers(out)
+    assert not clusters.leftovers(out)
 
 
 @pytest.mark.timeout(120)
@@ -79,7 +68,7 @@ def test_a_failing_task_stops_the_others_and_the_launcher_fails(tmp_path):
     assert result.returncode == 1, result.stdout[-3000:]
     assert "exited with status 2; stopping the other tasks" in result.stdout
     assert "no such directory" in result.stdout
-    assert not _leftovers(out)
+    assert not clusters.leftovers(out)
 
 
 @pytest.mark.timeout(120)
@@ -100,9 +89,9 @@ def test_sigterm_stops_every_task(tmp_path):
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive
-        assert not _leftovers(out)
+        assert not clusters.leftovers(out)
     finally:
         if proc.poll() is None:
             proc.kill()
-        for p in _leftovers(out):
+        for p in clusters.leftovers(out):
             p.kill()

@@ -89,17 +89,6 @@ class Launch:
             self.proc.wait()
 
 
-def _leftovers(out):
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(out) in arg for arg in p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 def _progress_steps(text):
     return [int(m.group(2)) for m in map(PROGRESS.match, text.splitlines()) if m]
 
@@ -122,7 +111,7 @@ def _inject(tmp_path, target, signum, *flags, fault_at=FAULT_AT):
     finally:
         launch.kill()
     assert code == 0, launch.text()[-5000:]
-    assert not _leftovers(out)
+    assert not clusters.leftovers(out)
     return launch, fault_time, checkpoint_step
 
 
@@ -217,7 +206,7 @@ def test_without_restarts_a_preempted_task_fails_the_run(tmp_path):
         launch.kill()
     assert code == 1
     assert "launch: worker1 was preempted (SIGTERM); stopping the other tasks" in launch.text()
-    assert not _leftovers(out)
+    assert not clusters.leftovers(out)
 
 
 @pytest.mark.timeout(200)
