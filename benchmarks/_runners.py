@@ -56,6 +56,16 @@ class Procs:
                         PYTHONPATH=os.pathsep.join(
                             [ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         self.env.pop("TF_CONFIG", None)
+        self.launched = time.time()
+
+    @classmethod
+    def watched(cls, workdir: str, interval: float) -> "Procs":
+        """A run's processes with their `Watcher` started, sampling every `interval` s."""
+        watcher = Watcher(interval)
+        procs = cls(workdir, watcher)
+        watcher.start()
+        procs.launched = time.time()
+        return procs
 
     def start(self, name: str, argv: list, role: str = "other", ports=()) -> subprocess.Popen:
         with open(self.log_path(name), "w") as log:
@@ -197,10 +207,8 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
                  batch_size: int, interval: float = 0.1) -> dict:
     """`python -m lowlevel.launch` (num_ps >= 1) or in-process `lowlevel.trainer` (num_ps 0)."""
     out = os.path.join(workdir, "out")
-    watcher = Watcher(interval)
-    procs = Procs(workdir, watcher)
-    watcher.start()
-    launched = time.time()
+    procs = Procs.watched(workdir, interval)
+    watcher, launched = procs.watcher, procs.launched
     deadline = time.monotonic() + timeout_secs
     try:
         if num_ps == 0:
@@ -309,10 +317,8 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
     cluster = [f"--ps_hosts={','.join(f'127.0.0.1:{p}' for p in ps)}",
                f"--worker_hosts={','.join(f'127.0.0.1:{p}' for p in wk)}"]
     go = os.path.join(workdir, "go")
-    watcher = Watcher(interval)
-    procs = Procs(workdir, watcher)
-    watcher.start()
-    launched = time.time()
+    procs = Procs.watched(workdir, interval)
+    watcher, launched = procs.watcher, procs.launched
     deadline = time.monotonic() + timeout_secs
     error = None
     outs = [os.path.join(workdir, f"worker{i}.json") for i in range(num_workers)]
@@ -370,10 +376,8 @@ def run_tf2_pss(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
                f"--worker_hosts={','.join(f'127.0.0.1:{p}' for p in wk)}",
                f"--chief_host=127.0.0.1:{chief}"]
     out = os.path.join(workdir, "chief.json")
-    watcher = Watcher(interval)
-    procs = Procs(workdir, watcher)
-    watcher.start()
-    launched = time.time()
+    procs = Procs.watched(workdir, interval)
+    watcher, launched = procs.watcher, procs.launched
     error = None
     try:
         for k in range(num_ps):
