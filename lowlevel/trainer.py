@@ -21,6 +21,7 @@ runtime failure (one line on stderr; `--verbosity=1` adds the traceback).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -32,8 +33,7 @@ from absl import app, flags, logging
 
 from lowlevel import cluster as cluster_lib
 from lowlevel import config as config_lib
-from lowlevel.config import (DATASETS, MODELS, OPTIMIZERS, SCHEDULES, RuntimeFailure,
-                             TrainConfig, UsageError)
+from lowlevel.config import SCHEDULES, RuntimeFailure, TrainConfig, UsageError
 
 FLAGS = flags.FLAGS
 
@@ -54,60 +54,32 @@ flags.DEFINE_enum("schedule", None, SCHEDULES, "What this task does. Default by 
                   "evaluates each new checkpoint in --output_dir on the test split until "
                   "the one of --train_steps; continuous_eval_on_train_data: on the "
                   "training split).")
-# Model and data.
-flags.DEFINE_string("model", "mlp", f"Model: {' | '.join(MODELS)}.")
-flags.DEFINE_list("hidden_units", ["128", "128"], "Hidden layer widths (mlp: every layer; "
-                  "cnn: the dense layer after the convolutions uses the first).")
-flags.DEFINE_string("dataset", "digits", f"Data set: {' | '.join(DATASETS)}. digits is "
-                    "scikit-learn's bundled 8x8 handwritten digits (no download); "
-                    "synthetic is learnable random data of MNIST shape.")
-flags.DEFINE_string("data_dir", None, "Directory with mnist.npz or the four MNIST IDX "
-                    "files (.gz or not); default: Keras' cache.")
-# Optimisation.
-flags.DEFINE_string("optimizer", "adagrad", f"Optimizer: {' | '.join(OPTIMIZERS)}.")
-flags.DEFINE_float("learning_rate", None, "Learning rate; default: adagrad 0.1, sgd 0.1, "
-                   "momentum 0.05, adam 0.001.")
-flags.DEFINE_integer("batch_size", 64, "Examples per worker step.")
-flags.DEFINE_integer("train_steps", 2000, "The global step to stop at.")
-flags.DEFINE_boolean("sync", False, "Synchronous training with SyncReplicasOptimizer "
-                     "(default: asynchronous; each worker applies its own updates).")
-flags.DEFINE_integer("replicas_to_aggregate", None, "Sync mode: gradients averaged per "
-                     "step; fewer than the number of workers leaves backup workers. "
-                     "Default: the number of workers.")
-flags.DEFINE_integer("seed", 0, "Seed for initialisation and shuffling.")
-# Output.
-flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard summaries and "
-                    "final_metrics.json; shared by all tasks. A run on a directory "
-                    "with a checkpoint resumes from it.")
-flags.DEFINE_integer("save_checkpoint_steps", None, "Checkpoint every this many global "
-                     "steps (overrides --save_checkpoint_secs).")
-flags.DEFINE_float("save_checkpoint_secs", 60.0, "Checkpoint every this many seconds.")
-flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints to keep.")
-flags.DEFINE_float("log_every_secs", 2.0, "Seconds between progress lines.")
-# Resources and timeouts.
-flags.DEFINE_integer("worker_gpu", None, "GPUs per worker (worker I computes on GPU I mod "
-                     "worker_gpu); default: the GPUs TensorFlow sees. Variables always "
-                     "stay on the ps CPUs.")
-flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads per task; 0 shares "
-                     "the cores among the cluster's tasks on this machine.")
-flags.DEFINE_integer("inter_op_threads", 0, "TensorFlow inter-op threads per task; 0: auto "
-                     "(at least 2).")
-flags.DEFINE_float("shutdown_timeout_secs", 60.0, "How long the chief waits after its last "
-                   "step for the other workers to finish before stopping the ps tasks.")
-flags.DEFINE_float("startup_timeout_secs", 600.0, "How long a worker waits for the ps "
-                   "tasks and the chief's model before giving up (exit 1, naming the task).")
-flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for a new "
-                   "checkpoint before giving up (exit 1).")
-flags.DEFINE_float("sync_timeout_secs", 30.0, "Sync mode: how long one step may wait for "
-                   "gradients before the chief logs which workers do not answer (it keeps "
-                   "waiting; the step completes when they are back).")
-flags.DEFINE_integer("communication_period", 1, "Local steps each worker takes between "
-                     "exchanges with the ps: local SGD (async) or model averaging (--sync); "
-                     "K times fewer bytes per step; see lowlevel/local_sgd.py for what it "
-                     "trades. 1: exact, every step reads the parameters and pushes its "
-                     "gradients.")
-flags.DEFINE_integer("warmup_steps", 20, "Each task's first local steps, left out of the "
-                     "step times in <output_dir>/tasks/<task>.json.")
+
+
+def define_config_flags() -> None:
+    """Defines one absl flag per `TrainConfig` field, from the field's default and metadata.
+
+    A field with `choices` becomes `DEFINE_enum`, a `minimum` becomes the
+    flag's `lower_bound`; an exclusive bound (`above`) is checked by
+    `TrainConfig.validate`, as absl's bounds are inclusive.
+    """
+    for field in dataclasses.fields(TrainConfig):
+        name, default, meta = field.name, field.default, field.metadata
+        if "choices" in meta:
+            flags.DEFINE_enum(name, default, meta["choices"], meta["help"])
+        elif field.type == "bool":
+            flags.DEFINE_boolean(name, default, meta["help"])
+        elif field.type.startswith("tuple"):
+            flags.DEFINE_list(name, [str(x) for x in default], meta["help"])
+        elif "int" in field.type:
+            flags.DEFINE_integer(name, default, meta["help"], lower_bound=meta.get("minimum"))
+        elif "float" in field.type:
+            flags.DEFINE_float(name, default, meta["help"], lower_bound=meta.get("minimum"))
+        else:
+            flags.DEFINE_string(name, default, meta["help"])
+
+
+define_config_flags()
 
 
 def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
@@ -121,23 +93,8 @@ def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
     except ValueError:
         raise UsageError(f"--hidden_units={','.join(FLAGS.hidden_units)}: expected "
                          "comma-separated whole numbers, e.g. 128,128")
-    return TrainConfig(
-        model=FLAGS.model, hidden_units=hidden, dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir, optimizer=FLAGS.optimizer,
-        learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
-        train_steps=FLAGS.train_steps, output_dir=FLAGS.output_dir,
-        save_checkpoint_steps=FLAGS.save_checkpoint_steps,
-        save_checkpoint_secs=FLAGS.save_checkpoint_secs,
-        keep_checkpoint_max=FLAGS.keep_checkpoint_max, sync=FLAGS.sync,
-        replicas_to_aggregate=FLAGS.replicas_to_aggregate, worker_gpu=FLAGS.worker_gpu,
-        seed=FLAGS.seed, log_every_secs=FLAGS.log_every_secs,
-        intra_op_threads=FLAGS.intra_op_threads, inter_op_threads=FLAGS.inter_op_threads,
-        shutdown_timeout_secs=FLAGS.shutdown_timeout_secs,
-        startup_timeout_secs=FLAGS.startup_timeout_secs,
-        eval_timeout_secs=FLAGS.eval_timeout_secs,
-        sync_timeout_secs=FLAGS.sync_timeout_secs, warmup_steps=FLAGS.warmup_steps,
-        communication_period=FLAGS.communication_period,
-    ).validate(num_workers)
+    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**dict(values, hidden_units=hidden)).validate(num_workers)
 
 
 def task_from_flags():
