@@ -15,7 +15,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import checkpoints, models
+from lowlevel import checkpoints, files, models
 from lowlevel import data as data_lib
 from lowlevel.config import RuntimeFailure, TrainConfig
 
@@ -165,7 +165,4 @@ def _read_records(path: str) -> list:
 
 
 def _write_records(path: str, records: list) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(sorted(records, key=lambda r: r["global_step"]), f, indent=2)
-    os.replace(tmp, path)
+    files.write_json(path, sorted(records, key=lambda r: r["global_step"]))

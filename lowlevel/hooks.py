@@ -24,6 +24,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from lowlevel import events
+
 v1 = tf.compat.v1
 
 
@@ -102,6 +104,8 @@ class CheckpointHook(v1.train.SessionRunHook):
     def _save(self, session) -> None:
         path = self._saver.save(session, self._prefix, global_step=self._global_step)
         logging.info("saved %s", os.path.basename(path))
+        events.emit("checkpoint_saved", int(path.rpartition("-")[2]),
+                    path=os.path.basename(path), emergency=False)
 
 
 class SummaryHook(v1.train.SessionRunHook):
@@ -209,6 +213,8 @@ class SyncReplicasHook(v1.train.SessionRunHook):
                 except tf.errors.DeadlineExceededError:
                     waited += self._timeout_ms / 1000
                     missing = self._missing_workers()
+                    events.emit("fault_noticed", step, error="sync step still waiting for "
+                                f"gradients after {waited:.0f} s", missing=missing)
                     logging.warning(
                         "sync step %d: still waiting for gradients after %.0f s "
                         "(--sync_timeout_secs); %s", step, waited,
@@ -224,7 +230,8 @@ class ProgressHook(v1.train.SessionRunHook):
     """Logs progress every `every_secs` seconds and measures throughput.
 
     A line reads `step 1200/3000 | loss 0.1234 | 12,345 examples/s | 95.1 steps/s`
-    (rates over all workers since the previous line; the launcher parses it).
+    (rates over all workers since the previous line), for humans; the same
+    figures go to the task's `progress` event (`lowlevel.events`), for tools.
     The training loop times every step (`record`), for `task_record`; a
     line is due (`due`) at the first step and then every `every_secs`, and is
     written from a step run through the hooks.
@@ -300,6 +307,8 @@ class ProgressHook(v1.train.SessionRunHook):
         examples_per_sec = steps_per_sec * self._examples_per_step
         logging.info("step %d/%d | loss %.4f | %s examples/s | %.1f steps/s",
                      step, self._train_steps, loss, f"{examples_per_sec:,.0f}", steps_per_sec)
+        events.emit("progress", step, loss=loss, examples_per_sec=round(examples_per_sec, 1),
+                    steps_per_sec=round(steps_per_sec, 2), train_steps=self._train_steps)
         if self._summary_dir and step > self._last_step:
             writer = v1.summary.FileWriterCache.get(self._summary_dir)
             writer.add_summary(v1.Summary(value=[v1.Summary.Value(

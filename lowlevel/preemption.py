@@ -33,6 +33,8 @@ from typing import Callable, Optional
 
 from absl import logging
 
+from lowlevel import events
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Seconds between the signal and the fallback `on_stuck` action: the main
 # thread normally finishes its step and the chief its checkpoint well within it.
@@ -78,6 +80,11 @@ class Preemption:
             self._training = True
             self._on_stuck = on_stuck
 
+    @property
+    def signal_name(self) -> Optional[str]:
+        """"SIGTERM" or "SIGINT" once a signal arrived, else None."""
+        return None if self.signum is None else signal.Signals(self.signum).name
+
     def mark_safe(self) -> None:
         """The main thread has saved the training state: if it is slow to exit now, just exit."""
         with self._lock:
@@ -93,6 +100,7 @@ class Preemption:
         if not training:
             logging.info("%s: %s %s; nothing to save here; exiting", self.task_name,
                          PREEMPTED, name)
+            events.emit("preempted", None, signal=name, checkpoint=None)
             _exit(exit_status(signum))
         logging.info("%s: %s %s; stopping at the end of the current step", self.task_name,
                      PREEMPTED, name)
@@ -121,6 +129,8 @@ class Preemption:
             except Exception as e:  # noqa: BLE001 - reported; the exit status says it
                 logging.error("%s: could not save the training state: %s", self.task_name, e)
                 safe = False
+        events.emit("preempted", None, signal=self.signal_name, checkpoint=None, stuck=True,
+                    safe=safe)
         _exit(exit_status(self.signum) if safe else 1)
 
 

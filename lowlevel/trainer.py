@@ -143,13 +143,14 @@ def main(argv, preemption) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a ps holds variables on its CPU only
     if (task.is_chief or evaluating) and config.output_dir:
         ensure_writable(config.output_dir)
+    _open_events(config.output_dir, task.name)
 
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
     from lowlevel import checkpoints
     from lowlevel import data as data_lib
     from lowlevel import server as server_lib
-    from lowlevel import training
+    from lowlevel import shutdown, training
 
     session_config = server = None
     if cluster and not evaluating:
@@ -157,7 +158,7 @@ def main(argv, preemption) -> int:
                                                    config.inter_op_threads)
     if schedule == config_lib.RUN_STD_SERVER:
         server = server_lib.start(cluster, task, session_config)
-        return server_lib.run_std_server(server, task, session_config)
+        return shutdown.run_std_server(server, task, session_config)
     if evaluating:
         data = data_lib.load(config.dataset, config.data_dir)
         from lowlevel import evaluation
@@ -187,8 +188,8 @@ def main(argv, preemption) -> int:
         metrics = None
         if task.is_chief:
             if cluster:  # the ps tasks of this (re)started cluster wait for the chief's word
-                server_lib.stop_cluster(server, cluster, session_config,
-                                        min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
+                shutdown.stop_cluster(server, cluster, session_config,
+                                      min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
     if preemption.signum is not None:
         from lowlevel.preemption import exit_status
@@ -198,6 +199,16 @@ def main(argv, preemption) -> int:
         logging.info("final metrics: %s", line)
         print(line, flush=True)
     return 0
+
+
+def _open_events(output_dir: Optional[str], task_name: str) -> None:
+    """Starts this task's event file (`lowlevel.events`); a failure costs the events only."""
+    from lowlevel import events
+    try:
+        events.open_log(output_dir, task_name)
+    except OSError as e:
+        logging.warning("%s: no events file in %s (%s); training goes on without it",
+                        task_name, output_dir, e.strerror)
 
 
 def _previous_metrics(output_dir: str, step: int) -> dict:
@@ -262,6 +273,8 @@ def flags_parser(prog: str):
 
 def run():
     """Console-script entry point."""
+    from lowlevel.lifetime import die_with_parent
+    die_with_parent()  # first: a launcher that dies takes its tasks with it
     app.run(_main_or_exit, flags_parser=flags_parser("lowlevel.trainer"))
 
 
