@@ -124,3 +124,8 @@ def wait_for_ports(host_ports: Sequence[str], timeout_secs: float = 120.0) -> No
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{hp} did not accept connections in {timeout_secs} s")
                 time.sleep(0.2)
+
+
+def ready_file(start_file: str, task: str) -> str:
+    """The file a reference worker creates once its session is ready (with `--start_file`)."""
+    return f"{start_file}.{task}.ready"

@@ -18,6 +18,7 @@ and, per event:
 
 | event | when | more fields |
 | --- | --- | --- |
+| `started` | TensorFlow is imported; the task starts its server or graph | `schedule` (str) |
 | `serving` | a ps waits for the chief's stop signal | |
 | `session_ready` | a training task has its session (first, or after a failure) | `origin` (chief: "initialised", "restored", "adopted"; worker: "ready"), `restored_step` (chief, restored: the checkpoint's step), `recovery` (bool: it replaces a lost session) |
 | `progress` | every `--log_every_secs`, from a step | `loss` (float), `examples_per_sec` (all workers, float), `steps_per_sec` (float), `train_steps` (int) |

@@ -147,6 +147,8 @@ def main(argv, preemption) -> int:
 
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
+    from lowlevel import events
+    events.emit("started", None, schedule=schedule)
     from lowlevel import checkpoints
     from lowlevel import data as data_lib
     from lowlevel import server as server_lib

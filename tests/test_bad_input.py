@@ -15,6 +15,8 @@ import pytest
 import clusters
 from mnist_files import write_idx_set
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 CHIEF_SPEC = {"chief": ["127.0.0.1:{p0}"], "worker": ["127.0.0.1:{p1}"],
               "ps": ["127.0.0.1:{p2}"]}
 

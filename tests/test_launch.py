@@ -10,6 +10,8 @@ import pytest
 
 import clusters
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 
 def _launch(out, *flags, timeout=240):
     return subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",

@@ -11,6 +11,8 @@ from xprocess import ProcessStarter
 
 import clusters
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 TRAIN_FLAGS = ["--train_steps=1500", "--batch_size=64", "--log_every_secs=1"]
 
 
