@@ -8,7 +8,8 @@ CLI can validate input before paying TensorFlow's multi-second import.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 MODELS = ("softmax", "mlp", "cnn")
 DATASETS = ("digits", "mnist", "synthetic")
@@ -36,6 +37,20 @@ class RuntimeFailure(RuntimeError):
 
     The message says what, and where to look. The trainer exits 1 on it.
     """
+
+
+def exit_status_main(prog: str, main: Callable[[list], int]) -> Callable[[list], None]:
+    """An `absl.app.run` main that exits with `main(argv)`'s status.
+
+    A `UsageError` becomes one line on stderr (`<prog>: error: ...`) and exit 2.
+    """
+    def run(argv):
+        try:
+            sys.exit(main(argv))
+        except UsageError as e:
+            sys.stderr.write(f"{prog}: error: {e}\n")
+            sys.exit(2)
+    return run
 
 
 def check_schedule(schedule: str | None, job_name: str) -> str:

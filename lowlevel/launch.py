@@ -38,7 +38,7 @@ from absl import app, flags
 
 from lowlevel import events, lifetime
 from lowlevel import trainer  # defines the trainer flags passed on
-from lowlevel.config import UsageError
+from lowlevel.config import UsageError, exit_status_main
 from lowlevel.preemption import PREEMPTED
 
 FLAGS = flags.FLAGS
@@ -314,17 +314,10 @@ def main(argv) -> int:
     return code
 
 
-def _main_or_exit(argv):
-    try:
-        sys.exit(main(argv))
-    except UsageError as e:
-        sys.stderr.write(f"lowlevel.launch: error: {e}\n")
-        sys.exit(2)
-
-
 def run():
     """Console-script entry point."""
-    app.run(_main_or_exit, flags_parser=trainer.flags_parser("lowlevel.launch"))
+    app.run(exit_status_main("lowlevel.launch", main),
+            flags_parser=trainer.flags_parser("lowlevel.launch"))
 
 
 if __name__ == "__main__":
