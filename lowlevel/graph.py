@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from lowlevel import data as data_lib
 from lowlevel import evaluation, exact, hooks, local_sgd, models, placement, probes, shutdown
+from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
 
@@ -55,7 +56,7 @@ class TrainGraph:
     global_step: tf.Variable  # int64 scalar, on a ps
     scaffold: v1.train.Scaffold
     hooks: list[v1.train.SessionRunHook]  # in the order of the end-of-training protocol
-    progress: hooks.ProgressHook
+    progress: progress_lib.ProgressHook
     final_eval: Optional[evaluation.FinalEvalHook]
     examples_per_step: int  # examples per global step, all workers
     steps: hooks.LoopState  # the global step as the loop last saw it
@@ -138,7 +139,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                  save_relative_paths=True))
         examples_per_step = config.batch_size * (mode.replicas if mode.sync else 1)
         steps = hooks.LoopState()
-        progress = hooks.ProgressHook(global_step, step.loss, examples_per_step,
+        progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
                                       config.train_steps, config.log_every_secs, steps,
                                       config.output_dir if task.is_chief else None,
                                       config.warmup_steps, config.batch_size)

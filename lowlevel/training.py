@@ -48,7 +48,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     graph to the end of the final evaluation and shutdown handshake), num_ps,
     num_workers, sync, model, dataset, batch_size. Every training task also
     writes its own step times to `<output_dir>/tasks/<task>.json`
-    (`ProgressHook.task_record`).
+    (`progress.ProgressHook.task_record`).
 
     Returns:
       The chief's metrics; None on other workers and when preempted.

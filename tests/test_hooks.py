@@ -6,7 +6,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from lowlevel import hooks, loop
+from lowlevel import hooks, loop, progress
 
 v1 = tf.compat.v1
 
@@ -42,7 +42,7 @@ def graph():
 def test_progress_is_due_at_the_first_step_then_every_interval(graph):
     _, sess, step, loss = graph
     state = hooks.LoopState()
-    hook = hooks.ProgressHook(step, loss, 64, 100, every_secs=0.3, state=state)
+    hook = progress.ProgressHook(step, loss, 64, 100, every_secs=0.3, state=state)
     hook.after_create_session(sess, None)
     assert hook.due()  # the first step always logs
     state.in_step = True
