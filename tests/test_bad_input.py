@@ -127,9 +127,12 @@ def _fill(text, values):
 
 
 def _snapshot(directory):
-    """{relative path: sha256} of every file under `directory`."""
+    """{relative path: sha256} of every file under `directory` but the append-only events log
+    (`events/`: a failed start is recorded there, which is what it is for)."""
     found = {}
     for root, _, files in os.walk(directory):
+        if os.path.relpath(root, directory).split(os.sep)[0] == "events":
+            continue
         for name in files:
             path = os.path.join(root, name)
             with open(path, "rb") as f:
