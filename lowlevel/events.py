@@ -14,20 +14,29 @@ Every record has:
 - `global_step`: the global step then (int), or null where the task does not
   know it (a ps; a worker before its session).
 
-and, per event:
+and, per event (fields after the colon):
 
-| event | when | more fields |
-| --- | --- | --- |
-| `started` | TensorFlow is imported; the task starts its server or graph | `schedule` (str) |
-| `serving` | a ps waits for the chief's stop signal | |
-| `session_ready` | a training task has its session (first, or after a failure) | `origin` (chief: "initialised", "restored", "adopted"; worker: "ready"), `restored_step` (chief, restored: the checkpoint's step), `recovery` (bool: it replaces a lost session) |
-| `progress` | every `--log_every_secs`, from a step | `loss` (float), `examples_per_sec` (all workers, float), `steps_per_sec` (float), `train_steps` (int) |
-| `checkpoint_saved` | the chief saved a checkpoint | `path` (str) |
-| `fault_noticed` | a session failed because a task was lost, or a sync step waited `--sync_timeout_secs` | `error` (str), `missing` (list of "name at host:port", sync only) |
-| `recovered` | a session replaced one lost to a fault | `origin`, `restored_step` as for `session_ready` |
-| `preempted` | SIGTERM/SIGINT arrived | `signal` ("SIGTERM"/"SIGINT") |
-| `done` | a training task's loop ended (last step) | `local_steps` (int) |
-| `stopped` | a ps got the chief's stop signal | |
+- `started`: TensorFlow is imported; the task starts its server or graph:
+  `schedule` (str).
+- `serving`: a ps waits for the chief's stop signal.
+- `session_ready`: a training task has its first session: `origin` (chief:
+  "initialised", "restored" or "adopted"; worker: "ready"), `restored_step`
+  (int, when restored, else null).
+- `progress`: every `--log_every_secs`, from a step: `loss` (float, the
+  batch's), `examples_per_sec` and `steps_per_sec` (floats, all workers,
+  since the previous one), `train_steps` (int).
+- `checkpoint_saved`: the chief saved a checkpoint: `path` (file name,
+  "model.ckpt-<step>"), `emergency` (bool: saved from the signal thread).
+- `fault_noticed`: a session was lost (a task failed), an exchange with the
+  ps failed, or a sync step waited `--sync_timeout_secs`: `error` (str),
+  `missing` (sync only: list of "name at host:port").
+- `recovered`: a new session replaced one lost to a fault: `origin`,
+  `restored_step`, as for `session_ready`.
+- `preempted`: SIGTERM or SIGINT: `signal` ("SIGTERM"/"SIGINT"),
+  `checkpoint` (the chief: the checkpoint it saved, else null); from the
+  signal thread of a stuck task also `stuck` (true) and `safe` (bool).
+- `done`: a training task's loop reached the last step: `local_steps` (int).
+- `stopped`: a ps got the chief's stop signal: `served_secs` (float).
 
 Appends are safe with several processes reading: each record is one
 `os.write` of a whole line to a file opened with `O_APPEND`, so a reader sees

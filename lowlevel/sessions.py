@@ -40,7 +40,7 @@ CLOSE_TIMEOUT_SECS = 2.0
 
 
 def live_session(monitored) -> "v1.Session | None":
-    """The `tf.compat.v1.Session` a `MonitoredSession` currently runs on; None while it is recreated.
+    """The `tf.compat.v1.Session` behind a `MonitoredSession`; None while it is being recreated.
 
     `MonitoredSession` keeps its session behind private attributes and replaces
     it after a failure (`UnavailableError`/`AbortedError`); between the loss
