@@ -41,11 +41,18 @@ class StepRunner:
     only then. A hook without `due()` sees only the steps another hook made
     due: give it one, or it acts rarely and irregularly. Hooks that act only
     in `begin`, `after_create_session` or `end` need none.
+
+    Raises (from the constructor):
+      TypeError: a hook overrides `before_run` or `after_run` without `due()`.
     """
 
     def __init__(self, sess, g: TrainGraph):
         self._sess = sess
         self._g = g
+        undue = [type(h).__name__ for h in g.hooks if _acts_per_step(h) and not hasattr(h, "due")]
+        if undue:
+            raise TypeError(f"{', '.join(undue)}: acts in before_run/after_run but has no due(); "
+                            "the loop would run it only when another hook is due")
         self._due = [h.due for h in g.hooks if hasattr(h, "due")]
         self._raw = None
         self._calls: dict = {}
@@ -80,6 +87,12 @@ class StepRunner:
             if not lost(e):
                 raise
             return self._sess.run(fetch)
+
+
+def _acts_per_step(hook) -> bool:
+    base = tf.compat.v1.train.SessionRunHook
+    return (type(hook).before_run is not base.before_run or
+            type(hook).after_run is not base.after_run)
 
 
 def run(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:

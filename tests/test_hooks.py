@@ -121,6 +121,20 @@ def test_step_runner_goes_through_the_hooks_only_when_one_is_due(graph):
             assert int(sess.run(step)) == 6  # every step ran, once
 
 
+def test_a_hook_that_acts_per_step_without_due_is_refused(graph):
+    class Undue(v1.train.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            pass
+
+    class EndOnly(v1.train.SessionRunHook):
+        def end(self, session):
+            pass
+
+    with pytest.raises(TypeError, match="Undue: acts in before_run/after_run but has no due"):
+        loop.StepRunner(None, _Graph([EndOnly(), Undue()], hooks.LoopState()))
+    loop.StepRunner(None, _Graph([EndOnly(), _Probe()], hooks.LoopState()))  # accepted
+
+
 def test_only_lost_session_errors_are_retried():
     assert loop.lost(tf.errors.UnavailableError(None, None, "ps gone"))
     assert loop.lost(RuntimeError("Attempted to use a closed Session."))
