@@ -1,8 +1,12 @@
 """Typed, validated configuration of one training task.
 
 Flags are parsed only at the edge (`lowlevel.trainer`); everything below takes a
-`TrainConfig`. This module imports no TensorFlow so that the launcher and the
-CLI can validate input before paying TensorFlow's multi-second import.
+`TrainConfig`. `TrainConfig`'s fields are the single source of the trainer's
+flags: each holds its default, `--help` text, choices and bounds (`_field`),
+and `lowlevel.trainer.define_config_flags` makes one absl flag per field. To
+add an option, add a field here. This module imports no TensorFlow so that
+the launcher and the CLI can validate input before paying TensorFlow's
+multi-second import.
 """
 
 from __future__ import annotations
