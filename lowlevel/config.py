@@ -212,3 +212,47 @@ def _check(f: dataclasses.Field, value) -> None:
     if "above" in meta and not value > meta["above"]:
         raise UsageError(f"--{f.name}={value}: expected a number > {meta['above']}"
                          f"{' (seconds)' if f.name.endswith('_secs') else ''}")
+
+
+def define_flags(flag_values, module_name: str) -> None:
+    """Defines one absl flag per `TrainConfig` field in `flag_values`, from its metadata.
+
+    A field with `choices` becomes `DEFINE_enum`, a `minimum` the flag's
+    `lower_bound`; an exclusive bound (`above`) is checked by
+    `TrainConfig.validate`, as absl's bounds are inclusive. The flags belong to
+    module `module_name` (the trainer's: `--helpfull` lists them there, and the
+    launcher passes that module's flags on).
+    """
+    from absl import flags
+    common = {"flag_values": flag_values, "module_name": module_name}
+    for field in dataclasses.fields(TrainConfig):
+        name, default, meta = field.name, field.default, field.metadata
+        if "choices" in meta:
+            flags.DEFINE_enum(name, default, meta["choices"], meta["help"], **common)
+        elif field.type == "bool":
+            flags.DEFINE_boolean(name, default, meta["help"], **common)
+        elif field.type.startswith("tuple"):
+            flags.DEFINE_list(name, [str(x) for x in default], meta["help"], **common)
+        elif "int" in field.type:
+            flags.DEFINE_integer(name, default, meta["help"], lower_bound=meta.get("minimum"),
+                                 **common)
+        elif "float" in field.type:
+            flags.DEFINE_float(name, default, meta["help"], lower_bound=meta.get("minimum"),
+                               **common)
+        else:
+            flags.DEFINE_string(name, default, meta["help"], **common)
+
+
+def from_flags(flag_values, num_workers: Optional[int]) -> TrainConfig:
+    """The validated `TrainConfig` of parsed `flag_values` (defined by `define_flags`).
+
+    Raises:
+      UsageError: a value is out of range or unknown.
+    """
+    try:
+        hidden = tuple(int(u) for u in flag_values.hidden_units)
+    except ValueError:
+        raise UsageError(f"--hidden_units={','.join(flag_values.hidden_units)}: expected "
+                         "comma-separated whole numbers, e.g. 128,128") from None
+    values = {f.name: flag_values[f.name].value for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**dict(values, hidden_units=hidden)).validate(num_workers)

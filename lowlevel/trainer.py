@@ -21,7 +21,6 @@ runtime failure (one line on stderr; `--verbosity=1` adds the traceback).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -56,30 +55,8 @@ flags.DEFINE_enum("schedule", None, SCHEDULES, "What this task does. Default by 
                   "training split).")
 
 
-def define_config_flags() -> None:
-    """Defines one absl flag per `TrainConfig` field, from the field's default and metadata.
-
-    A field with `choices` becomes `DEFINE_enum`, a `minimum` becomes the
-    flag's `lower_bound`; an exclusive bound (`above`) is checked by
-    `TrainConfig.validate`, as absl's bounds are inclusive.
-    """
-    for field in dataclasses.fields(TrainConfig):
-        name, default, meta = field.name, field.default, field.metadata
-        if "choices" in meta:
-            flags.DEFINE_enum(name, default, meta["choices"], meta["help"])
-        elif field.type == "bool":
-            flags.DEFINE_boolean(name, default, meta["help"])
-        elif field.type.startswith("tuple"):
-            flags.DEFINE_list(name, [str(x) for x in default], meta["help"])
-        elif "int" in field.type:
-            flags.DEFINE_integer(name, default, meta["help"], lower_bound=meta.get("minimum"))
-        elif "float" in field.type:
-            flags.DEFINE_float(name, default, meta["help"], lower_bound=meta.get("minimum"))
-        else:
-            flags.DEFINE_string(name, default, meta["help"])
-
-
-define_config_flags()
+# Named as absl names the module that defines a flag (the script's path for __main__).
+config_lib.define_flags(FLAGS, sys.argv[0] if __name__ == "__main__" else __name__)
 
 
 def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
@@ -88,13 +65,7 @@ def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
     Raises:
       UsageError: a value is out of range or unknown.
     """
-    try:
-        hidden = tuple(int(u) for u in FLAGS.hidden_units)
-    except ValueError:
-        raise UsageError(f"--hidden_units={','.join(FLAGS.hidden_units)}: expected "
-                         "comma-separated whole numbers, e.g. 128,128")
-    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**dict(values, hidden_units=hidden)).validate(num_workers)
+    return config_lib.from_flags(FLAGS, num_workers)
 
 
 def task_from_flags():

@@ -5,10 +5,11 @@ import dataclasses
 import pytest
 from absl import flags
 
-from lowlevel import trainer  # noqa: F401 - defines the flags
+from lowlevel import config as config_lib
 from lowlevel.config import TrainConfig, UsageError
 
-FLAGS = flags.FLAGS
+FLAGS = flags.FlagValues()  # not the global ones: other modules define --sync there too
+config_lib.define_flags(FLAGS, "lowlevel.trainer")
 FIELDS = dataclasses.fields(TrainConfig)
 
 
@@ -29,7 +30,7 @@ def test_the_flags_parse_into_the_default_config():
     FLAGS.unparse_flags()
     FLAGS(["prog"])
     try:
-        assert trainer.config_from_flags(2) == TrainConfig()
+        assert config_lib.from_flags(FLAGS, 2) == TrainConfig()
     finally:
         FLAGS.unparse_flags()
 
