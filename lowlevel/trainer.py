@@ -14,9 +14,11 @@ must agree. With neither, it trains in one process (no servers). The chief
 of stdout; an evaluator prints its last evaluation. A ps task exits 0 once the
 chief signals the end of training.
 
-Flags are parsed here, and only here, into a `TrainConfig`. Exit status: 0 on
-success, 2 for a usage error (one line on stderr naming the bad value), 1 for a
-runtime failure (one line on stderr; `--verbosity=1` adds the traceback).
+Flags are parsed here, and only here, into a `TrainConfig`. Exit status
+(`lowlevel.exit_codes`): 0 when this task's part of the run is finished, 2 for
+a usage error, 1 for a permanent failure, 128 + N when stopped by signal N at a
+safe point, 200 for a transient failure a restart can fix; every failure is one
+line on stderr naming the value (`--verbosity=1` adds the traceback).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from absl import app, flags, logging
 
 from lowlevel import cluster as cluster_lib
 from lowlevel import config as config_lib
+from lowlevel import exit_codes
 from lowlevel.config import (DATASETS, MODELS, OPTIMIZERS, SCHEDULES, RuntimeFailure,
                              TrainConfig, UsageError)
 
@@ -95,9 +98,10 @@ flags.DEFINE_integer("inter_op_threads", 0, "TensorFlow inter-op threads per tas
 flags.DEFINE_float("shutdown_timeout_secs", 60.0, "How long the chief waits after its last "
                    "step for the other workers to finish before stopping the ps tasks.")
 flags.DEFINE_float("startup_timeout_secs", 600.0, "How long a worker waits for the ps "
-                   "tasks and the chief's model before giving up (exit 1, naming the task).")
+                   "tasks and the chief's model (and for their host names to resolve) before "
+                   "giving up with exit status 200 (retryable), naming the task.")
 flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for a new "
-                   "checkpoint before giving up (exit 1).")
+                   "checkpoint before giving up with exit status 200 (retryable).")
 flags.DEFINE_float("sync_timeout_secs", 30.0, "Sync mode: how long one step may wait for "
                    "gradients before the chief logs which workers do not answer (it keeps "
                    "waiting; the step completes when they are back).")
@@ -233,9 +237,8 @@ def main(argv, preemption) -> int:
                 server_lib.stop_cluster(server, cluster, session_config,
                                         min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
-    if preemption.signum is not None:
-        from lowlevel.preemption import exit_status
-        return exit_status(preemption.signum)
+    if preemption.signum is not None:  # stopped at a safe point: retryable
+        return exit_codes.signal_status(preemption.signum)
     if metrics is not None:
         line = json.dumps(metrics)
         logging.info("final metrics: %s", line)
@@ -270,12 +273,15 @@ def _main_or_exit(argv):
         code = main(argv, preemption)
     except UsageError as e:
         sys.stderr.write(f"lowlevel.trainer: error: {e}\n")
-        code = 2
+        code = exit_codes.USAGE
     except Exception as e:  # noqa: BLE001 - one line, not a traceback
         if FLAGS.verbosity >= 1 or not _is_runtime_failure(e):
             traceback.print_exc()
-        sys.stderr.write(f"lowlevel.trainer: error: {_error_line(e)}\n")
-        code = 1
+        code = exit_codes.status_of(e)
+        retry = ("; retryable: restart this task" if exit_codes.is_retryable(code)
+                 else "; restarting will not help")
+        sys.stderr.write(f"lowlevel.trainer: error: {_error_line(e)} (exit status {code}"
+                         f"{retry})\n")
     sys.stdout.flush()
     sys.stderr.flush()
     # A tf.train.Server has no working Stop(); leave without running its
