@@ -8,6 +8,16 @@ at the end and tells the ps tasks to exit; without a `chief` job, worker 0 is
 the chief. An `evaluator` task is not part of the cluster a server is built
 with: it runs locally and talks to no other task.
 
+`TF_CONFIG` is read in every form Kubeflow's training operator writes
+(pkg/controller.v1/tensorflow/tensorflow.go): `"environment": "cloud"`; an
+`evaluator` job inside the cluster map (current versions) or not (older
+ones); and, with the `TFJob`'s `enableDynamicWorker`, `"sparseCluster"`
+instead of `"cluster"`: a worker sees only the ps tasks and itself
+(`{"worker": {"1": host}, "ps": [...]}`), a ps only itself (`{"ps": [own],
+"worker": {}}`), a chief or evaluator nothing. Such a `Cluster` is *sparse*:
+the other workers' addresses (and, for a ps, the other ps) are None, and the
+number of workers is unknown.
+
 No TensorFlow import here: `Cluster.as_dict()` is what
 `tf.train.ClusterSpec` takes.
 """
@@ -93,17 +103,20 @@ class Cluster:
       worker_hosts: `host:port` of each worker task.
       chief_hosts: `host:port` of the chief job's task, or () when worker 0 is
         the chief.
+      sparse: from a `sparseCluster`: an address this task was not given is
+        None, and `num_workers` is None (unknown).
     """
 
-    ps_hosts: tuple[str, ...]
-    worker_hosts: tuple[str, ...]
+    ps_hosts: tuple[Optional[str], ...]
+    worker_hosts: tuple[Optional[str], ...]
     chief_hosts: tuple[str, ...] = ()
+    sparse: bool = False
 
     def __post_init__(self):
         if len(self.chief_hosts) > 1:
             raise UsageError(f"the chief job has {len(self.chief_hosts)} tasks "
                              f"({','.join(self.chief_hosts)}); expected one")
-        if not self.worker_hosts and not self.chief_hosts:
+        if not self.worker_hosts and not self.chief_hosts and not self.sparse:
             raise UsageError("--worker_hosts: a cluster needs at least one worker")
         if not self.ps_hosts:
             raise UsageError("--ps_hosts: a cluster needs at least one ps task to hold "
@@ -111,6 +124,8 @@ class Cluster:
         seen = {}
         for job in (CHIEF, PS, WORKER):
             for i, host in enumerate(self.hosts(job)):
+                if host is None:
+                    continue
                 if host in seen:
                     raise UsageError(
                         f"address {host} is given twice ({seen[host]} and {job}{i}); "
@@ -122,8 +137,11 @@ class Cluster:
         return len(self.ps_hosts)
 
     @property
-    def num_workers(self) -> int:
-        """Training tasks: the workers, and the chief when it is a job of its own."""
+    def num_workers(self) -> Optional[int]:
+        """Training tasks: the workers, and the chief when it is a job of its own; None
+        when sparse (the other workers are unknown)."""
+        if self.sparse:
+            return None
         return len(self.worker_hosts) + len(self.chief_hosts)
 
     def hosts(self, job_name: str) -> tuple[str, ...]:
@@ -136,11 +154,23 @@ class Cluster:
     def training_tasks(self) -> list[Task]:
         """The chief and workers in replica order (the chief first)."""
         return ([self.task(CHIEF, 0)] * len(self.chief_hosts)
-                + [self.task(WORKER, i) for i in range(len(self.worker_hosts))])
+                + [self.task(WORKER, i) for i, h in enumerate(self.worker_hosts)
+                   if h is not None])
 
-    def as_dict(self) -> dict[str, list[str]]:
-        """The `{"chief": [...], "ps": [...], "worker": [...]}` mapping `ClusterSpec` takes."""
-        return {job: list(self.hosts(job)) for job in (CHIEF, PS, WORKER) if self.hosts(job)}
+    def as_dict(self) -> dict:
+        """The `{"chief": [...], "ps": [...], "worker": [...]}` mapping `ClusterSpec` takes.
+
+        A job of which only some tasks are known (sparse) is a {task_index:
+        host} dict, which `ClusterSpec` also takes.
+        """
+        spec = {}
+        for job in (CHIEF, PS, WORKER):
+            hosts = self.hosts(job)
+            if None in hosts:
+                spec[job] = {i: h for i, h in enumerate(hosts) if h is not None}
+            elif hosts:
+                spec[job] = list(hosts)
+        return spec
 
     def tasks_on_host_of(self, job_name: str, task_index: int,
                          jobs: tuple[str, ...] = (CHIEF, PS, WORKER)) -> int:
@@ -151,7 +181,7 @@ class Cluster:
         """
         mine = _machine(self.hosts(job_name)[task_index].rpartition(":")[0])
         return sum(_machine(h.rpartition(":")[0]) == mine
-                   for job in jobs for h in self.hosts(job))
+                   for job in jobs for h in self.hosts(job) if h is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,12 +221,14 @@ def from_flags(flags: ClusterFlags) -> tuple[Optional[Cluster], Optional[Task]]:
     return cluster, _task(cluster, job, flags.task_index or 0, "--job_name", "--task_index")
 
 
-def from_tf_config(text: str) -> tuple[Cluster, Task]:
+def from_tf_config(text: str) -> tuple[Optional[Cluster], Task]:
     """Parses a `TF_CONFIG` value: `{"cluster": {job: [host:port, ...]}, "task": {"type", "index"}}`.
 
-    Job types: chief (or master), worker, ps, evaluator; an optional
-    "environment" key is ignored. An "evaluator" job in "cluster" is dropped
-    from the `Cluster` (an evaluator talks to no task).
+    Job types: chief (or master), worker, ps, evaluator. "environment" (the
+    training operator writes "cloud") is accepted and ignored. An "evaluator"
+    job in "cluster" is dropped from the `Cluster` (an evaluator talks to no
+    task). `"sparseCluster"` in place of "cluster" (`enableDynamicWorker`)
+    gives a sparse `Cluster`; an evaluator then gets no cluster (None).
 
     Raises:
       UsageError: not JSON, "cluster" or "task" missing or malformed, an
@@ -209,25 +241,10 @@ def from_tf_config(text: str) -> tuple[Cluster, Task]:
     if not isinstance(value, dict):
         raise UsageError(f"TF_CONFIG: expected a JSON object with \"cluster\" and \"task\", "
                          f"got {text[:80]!r}")
-    spec, task = value.get("cluster"), value.get("task")
-    if not isinstance(spec, dict) or not spec:
-        raise UsageError('TF_CONFIG lacks "cluster": expected e.g. {"cluster": {"ps": '
-                         '["host:2222"], "worker": ["host:2223"]}, "task": {...}}')
+    task = value.get("task")
     if not isinstance(task, dict) or "type" not in task:
         raise UsageError('TF_CONFIG lacks "task": expected e.g. "task": {"type": "worker", '
                          '"index": 0}')
-    hosts = {}
-    for job, addresses in spec.items():
-        name = ALIASES.get(job, job)
-        if name not in JOBS:
-            raise UsageError(f"TF_CONFIG: cluster job '{job}' is unknown; expected "
-                             f"{', '.join(JOBS)} or master")
-        if isinstance(addresses, str):
-            addresses = [addresses]
-        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise UsageError(f"TF_CONFIG: cluster.{job} must be a list of \"host:port\" strings")
-        hosts[name] = parse_hosts(",".join(addresses), f"TF_CONFIG cluster.{job}")
-    cluster = Cluster(hosts.get(PS, ()), hosts.get(WORKER, ()), hosts.get(CHIEF, ()))
     job = ALIASES.get(task["type"], task["type"])
     index = task.get("index", 0)
     if not isinstance(index, int) or isinstance(index, bool):
@@ -235,9 +252,74 @@ def from_tf_config(text: str) -> tuple[Cluster, Task]:
     if job not in JOBS:
         raise UsageError(f"TF_CONFIG: task.type={task['type']!r}: expected one of "
                          f"{', '.join(JOBS)} or master")
+    if "sparseCluster" in value and "cluster" not in value:
+        return _from_sparse(value["sparseCluster"], job, index)
+    spec = value.get("cluster")
+    if not isinstance(spec, dict) or not spec:
+        raise UsageError('TF_CONFIG lacks "cluster": expected e.g. {"cluster": {"ps": '
+                         '["host:2222"], "worker": ["host:2223"]}, "task": {...}}')
+    hosts = {}
+    for name, addresses in spec.items():
+        hosts[_job(name)] = _addresses(addresses, f"cluster.{name}")
+    cluster = Cluster(hosts.get(PS, ()), hosts.get(WORKER, ()), hosts.get(CHIEF, ()))
     if job == EVALUATOR:
         return cluster, _evaluator(index, "TF_CONFIG task.index")
     return cluster, _task(cluster, job, index, "TF_CONFIG task.type", "TF_CONFIG task.index")
+
+
+def _job(name: str) -> str:
+    job = ALIASES.get(name, name)
+    if job not in JOBS:
+        raise UsageError(f"TF_CONFIG: cluster job '{name}' is unknown; expected "
+                         f"{', '.join(JOBS)} or master")
+    return job
+
+
+def _addresses(addresses, key: str) -> tuple[str, ...]:
+    if isinstance(addresses, str):
+        addresses = [addresses]
+    if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+        raise UsageError(f"TF_CONFIG: {key} must be a list of \"host:port\" strings")
+    return parse_hosts(",".join(addresses), f"TF_CONFIG {key}")
+
+
+def _from_sparse(spec, job: str, index: int) -> tuple[Optional[Cluster], Task]:
+    """The cluster and task of a `sparseCluster` TF_CONFIG (the operator's enableDynamicWorker)."""
+    if not isinstance(spec, dict):
+        raise UsageError('TF_CONFIG: "sparseCluster" must be an object {"ps": [...], '
+                         '"worker": {"index": "host:port"}}')
+    if job == EVALUATOR:  # the operator gives it an empty cluster; it needs none
+        return None, _evaluator(index, "TF_CONFIG task.index")
+    if job == CHIEF:
+        raise UsageError("TF_CONFIG: a chief gets no ps tasks in a sparseCluster (the training "
+                         "operator's enableDynamicWorker gives only workers and ps their "
+                         "addresses); with enableDynamicWorker use no Chief replica: worker 0 "
+                         "is the chief")
+    ps = _addresses(spec.get("ps") or [], "sparseCluster.ps")
+    workers = spec.get("worker") or {}
+    if not isinstance(workers, dict):
+        raise UsageError('TF_CONFIG: sparseCluster.worker must be an object {"index": '
+                         '"host:port"}')
+    known = {}
+    for key, address in workers.items():
+        if not str(key).isdigit():
+            raise UsageError(f"TF_CONFIG: sparseCluster.worker key {key!r}: expected a task "
+                             "index")
+        known[int(key)] = _addresses(address, f"sparseCluster.worker.{key}")[0]
+    if job == PS:
+        if len(ps) != 1:
+            raise UsageError(f"TF_CONFIG: sparseCluster.ps of ps task {index} lists {len(ps)} "
+                             "addresses; expected its own only")
+        ps = (None,) * index + ps
+    elif index not in known:
+        raise UsageError(f"TF_CONFIG: sparseCluster.worker has no entry for this task "
+                         f"(index {index}); expected {{\"{index}\": \"host:port\"}}")
+    elif not ps:
+        raise UsageError("TF_CONFIG: sparseCluster.ps is empty: a worker needs the ps "
+                         "tasks' addresses")
+    worker_hosts = tuple(known.get(i) for i in range(max(known, default=-1) + 1))
+    cluster = Cluster(ps, worker_hosts, sparse=True)
+    return cluster, cluster.task(job, index)
 
 
 def resolve(flags: ClusterFlags, tf_config: Optional[str]) -> tuple[Optional[Cluster],
@@ -253,12 +335,14 @@ def resolve(flags: ClusterFlags, tf_config: Optional[str]) -> tuple[Optional[Clu
     if not tf_config or not tf_config.strip():
         return from_flags(flags)
     cluster, task = from_tf_config(tf_config)
+    ps_hosts = cluster.ps_hosts if cluster else ()  # None: an evaluator of a sparseCluster
+    worker_hosts = cluster.worker_hosts if cluster else ()
     given = {
         "--ps_hosts": (flags.ps_hosts and parse_hosts(flags.ps_hosts, "--ps_hosts"),
-                       cluster.ps_hosts, "cluster.ps"),
+                       ps_hosts, "cluster.ps"),
         "--worker_hosts": (flags.worker_hosts and
                            parse_hosts(flags.worker_hosts, "--worker_hosts"),
-                           cluster.worker_hosts, "cluster.worker"),
+                           worker_hosts, "cluster.worker"),
         "--job_name": (flags.job_name and ALIASES.get(flags.job_name, flags.job_name),
                        task.job_name, "task.type"),
         "--task_index": (flags.task_index, task.task_index, "task.index"),
@@ -266,7 +350,8 @@ def resolve(flags: ClusterFlags, tf_config: Optional[str]) -> tuple[Optional[Clu
     for flag, (mine, theirs, key) in given.items():
         if mine not in (None, "") and mine != theirs:
             show = ",".join(mine) if isinstance(mine, tuple) else mine
-            other = ",".join(theirs) if isinstance(theirs, tuple) else theirs
+            other = (",".join(h or "?" for h in theirs) if isinstance(theirs, tuple)
+                     else theirs)
             raise UsageError(f"{flag}={show} disagrees with TF_CONFIG {key}={other}; "
                              "give the same value or drop the flag")
     return cluster, task

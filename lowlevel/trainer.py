@@ -183,6 +183,10 @@ def main(argv, preemption) -> int:
     preemption.task_name = task.name
     evaluating = task.job_name == cluster_lib.EVALUATOR
     config = config_from_flags(cluster.num_workers if cluster else None if evaluating else 1)
+    if cluster and cluster.sparse and config.sync and not evaluating:
+        raise UsageError("--sync needs every worker's address, and TF_CONFIG has a "
+                         "sparseCluster (the training operator's enableDynamicWorker gives a "
+                         "worker only its own): train async, or turn enableDynamicWorker off")
     if evaluating and not config.output_dir:
         raise UsageError(f"--schedule={schedule} needs --output_dir: the directory the chief "
                          "writes its checkpoints to")
@@ -222,7 +226,7 @@ def main(argv, preemption) -> int:
         worker_gpu = config.worker_gpu
         if worker_gpu is None:
             worker_gpu = len(tf.config.list_physical_devices("GPU"))
-        shape = (f"{cluster.num_ps} ps + {cluster.num_workers} workers, "
+        shape = (f"{cluster.num_ps} ps + {cluster.num_workers or 'dynamic'} workers, "
                  f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
         logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name,
                      config.model, data.name, len(data.train), len(data.test), shape)

@@ -22,7 +22,7 @@ from lowlevel import data as data_lib
 from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, loop, models,
                       placement, sessions)
 from lowlevel import server as server_lib
-from lowlevel.cluster import Cluster, Task
+from lowlevel.cluster import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.preemption import Preemption
 
@@ -75,6 +75,9 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     """
     preempted = preempted or threading.Event()
     num_workers = cluster.num_workers if cluster else 1
+    shards, shard = num_workers, task.replica_index
+    if num_workers is None:  # sparseCluster (dynamic workers): the whole split, own order
+        num_workers, shards, shard = 1, 1, 0
     sync = bool(config.sync and cluster)
     local = bool(cluster and config.communication_period > 1)
     replicas = config.replicas_to_aggregate or num_workers
@@ -100,7 +103,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             iter_init, feed, (images, labels) = data_lib.train_input(
-                data, config.batch_size, num_workers, task.replica_index, config.seed)
+                data, config.batch_size, shards, shard, config.seed + task.replica_index - shard)
             opt = make_optimizer(config.optimizer, config.lr)
             train_op = local_ops = None
             if local:  # communication-reduced: the model computes with worker-local copies
@@ -251,9 +254,10 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             sess = v1.train.MonitoredSession(creator, g.hooks,
                                              stop_grace_period_secs=STOP_GRACE_SECS)
         except tf.errors.DeadlineExceededError:
-            chief = cluster.training_tasks()[0]
+            chief = cluster.task(CHIEF, 0) if cluster.chief_hosts else cluster.task(WORKER, 0)
+            where = cluster.hosts(chief.job_name)[0] or "an address this task was not given"
             raise server_lib.StartupError(
-                f"{task.name}: the chief ({chief.name} at {cluster.hosts(chief.job_name)[0]}) "
+                f"{task.name}: the chief ({chief.name} at {where}) "
                 f"did not have the model ready within {config.startup_timeout_secs:g} s "
                 "(--startup_timeout_secs): is it running?") from None
         with sess:
