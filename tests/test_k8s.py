@@ -146,3 +146,64 @@ def test_generator_usage_errors(flags, needle):
     result = generate("tfjob", *flags)
     assert result.returncode == 2 and not result.stdout
     assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def hosts_factory():
+    """Makes `netns.Hosts`; removes them after the test (skips where namespaces cannot be made)."""
+    from lowlevel import netns
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    made = []
+
+    def make(hosts):
+        made.append(netns.Hosts(hosts))
+        return made[-1]
+
+    yield make
+    for hosts in made:
+        hosts.close()
+    assert not [n for n in netns.leftovers() if any(n.startswith(ns) for h in made
+                                                    for ns in h.namespaces.values())]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("layout", ["chief_job", "sparse"])
+def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_factory, layout):
+    """Each replica on its own host (network namespace) where the operator's host names
+    resolve, with the TF_CONFIG the operator would give it: all exit 0, final step exact,
+    the evaluator reports the last checkpoint. `sparse`: enableDynamicWorker's
+    sparseCluster, worker 0 the chief (a Chief replica gets no ps in that form)."""
+    out = tmp_path / "out"
+    steps = 300
+    layout_flags = (["--chief_job", "--num_workers=2"] if layout == "chief_job"
+                    else ["--num_workers=2"])
+    result = generate("tfjob", "--name=mnist", "--namespace=ml", "--image=lowlevel:test",
+                      "--num_ps=2", *layout_flags, "--evaluator", f"--output_dir={out}",
+                      "--pvc=unused", "--", f"--train_steps={steps}",
+                      "--save_checkpoint_steps=100", "--intra_op_threads=1",
+                      "--inter_op_threads=2", "--log_every_secs=1", "--startup_timeout_secs=120")
+    assert result.returncode == 0, result.stderr
+    tfjob = next(yaml.safe_load_all(result.stdout))
+    configs = k8s.tfjob_tf_configs(tfjob, sparse=layout == "sparse")
+    assert len(configs) == (6 if layout == "chief_job" else 5)
+    hosts = hosts_factory({f"{job}{i}": [f"mnist-{job}-{i}.ml.svc"] for job, i in configs})
+    procs, logs = {}, {}
+    for (job, i), tf_config in configs.items():
+        rtype = next(r for r, j in k8s.REPLICA_TYPES.items() if j == job)
+        args = tfjob["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]["args"]
+        name = f"{job}{i}"
+        logs[name] = tmp_path / f"{name}.log"
+        with open(logs[name], "w") as log:
+            procs[name] = hosts.popen(
+                name, [sys.executable, "-m", "lowlevel.trainer", *args], cwd=clusters.ROOT,
+                env=dict(clusters.ENV, TF_CONFIG=json.dumps(tf_config)), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    statuses = clusters.wait_all(procs, 360)
+    for name, (code, _) in statuses.items():
+        assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"
+    assert clusters.final_metrics(out)["global_step"] == steps
+    assert clusters.eval_metrics(out)[-1]["global_step"] == steps
+    ps_log = logs["ps0"].read_text()
+    assert "the chief signalled the end of training" in ps_log, ps_log[-2000:]
