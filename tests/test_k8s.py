@@ -207,3 +207,22 @@ def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_fac
     assert clusters.eval_metrics(out)[-1]["global_step"] == steps
     ps_log = logs["ps0"].read_text()
     assert "the chief signalled the end of training" in ps_log, ps_log[-2000:]
+
+
+def test_container_recipe_runs_the_trainer_as_a_non_root_user():
+    """scripts/Dockerfile is not built here (no container daemon); its contract is checked."""
+    import os
+    import re
+    import tomllib
+    with open(os.path.join(clusters.ROOT, "scripts", "Dockerfile")) as f:
+        recipe = f.read()
+    with open(os.path.join(clusters.ROOT, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert re.search(r"^FROM python:3\.\d+-slim$", recipe, re.M)
+    assert re.search(r"^RUN pip install \. ", recipe, re.M)
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (.+)$", recipe, re.M).group(1))
+    assert scripts[entrypoint[0]] == "lowlevel.trainer:run"
+    user = re.findall(r"^USER (\d+)$", recipe, re.M)
+    assert user and int(user[-1]) != 0  # numeric, so runAsNonRoot can check it
+    pod = k8s._pod_spec({}, "pvc")
+    assert pod["securityContext"]["runAsUser"] == int(user[-1])
