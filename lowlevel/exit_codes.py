@@ -84,7 +84,8 @@ def status_of(error: BaseException) -> int:
 
 
 def describe(code: int) -> str:
-    """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a return code."""
+    """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a
+    return code (a Popen one: -N for signal N)."""
     if code < 0:
         return f"was killed by {_signal_name(-code)}"
     meaning = {SUCCESS: "finished", FAILURE: "permanent failure", USAGE: "usage error",

@@ -35,6 +35,7 @@ from absl import app, flags, logging
 from lowlevel import cluster as cluster_lib
 from lowlevel import config as config_lib
 from lowlevel import exit_codes
+from lowlevel import tf_config as tf_config_lib
 from lowlevel.config import (DATASETS, MODELS, OPTIMIZERS, SCHEDULES, RuntimeFailure,
                              TrainConfig, UsageError)
 
@@ -153,7 +154,7 @@ def task_from_flags():
     given = cluster_lib.ClusterFlags(
         FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name,
         FLAGS.task_index if FLAGS["task_index"].present else None)
-    cluster, task = cluster_lib.resolve(given, os.environ.get("TF_CONFIG"))
+    cluster, task = tf_config_lib.resolve(given, os.environ.get("TF_CONFIG"))
     if task is None:  # no cluster: in-process training, or an evaluator
         evaluating = FLAGS.schedule in (config_lib.CONTINUOUS_EVAL,
                                         config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)

@@ -4,9 +4,9 @@ import re
 import pytest
 
 from lowlevel import cluster as cluster_lib
-from lowlevel.cluster import (Cluster, ClusterFlags, Task, from_flags, from_tf_config,
-                              parse_hosts, resolve)
+from lowlevel.cluster import Cluster, ClusterFlags, Task, from_flags, parse_hosts
 from lowlevel.config import TrainConfig, UsageError, check_schedule
+from lowlevel.tf_config import from_tf_config, resolve
 
 
 def test_parse_hosts_keeps_order_and_strips_spaces():
