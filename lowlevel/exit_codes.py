@@ -83,6 +83,31 @@ def status_of(error: BaseException) -> int:
     return FAILURE
 
 
+FINISHED, RESTART, FAILED = "finished", "restart", "failed"
+
+
+def decide(code: int, restarts: int, max_restarts: int, chief_finished: bool = False,
+           stopping: bool = False) -> str:
+    """What a supervisor does with a task that ended with `code` (a Popen return code).
+
+    The launcher's policy (`lowlevel.launch.Supervisor`); pure, so it is tested as a table.
+
+    Returns:
+      FINISHED: exit 0; or any end once the chief has finished the run (there
+        is nothing left for the task to do) or while the launcher is stopping
+        every task.
+      RESTART: a retryable status (`is_retryable`: a signal, 128 +
+        N, or 200) with `restarts` < `max_restarts`.
+      FAILED: 1-127 (a permanent failure or usage error: the same command
+        would fail the same way), or a retryable status with no restart left.
+    """
+    if code == SUCCESS or chief_finished or stopping:
+        return FINISHED
+    if is_retryable(code) and restarts < max_restarts:
+        return RESTART
+    return FAILED
+
+
 def describe(code: int) -> str:
     """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a
     return code (a Popen one: -N for signal N)."""

@@ -97,33 +97,13 @@ def describe_exit(code: int) -> str:
     return exit_codes.describe(code)
 
 
-FINISHED, RESTART, FAILED = "finished", "restart", "failed"
-
-
-def decide(code: int, restarts: int, max_restarts: int, chief_finished: bool = False,
-           stopping: bool = False) -> str:
-    """What the launcher does with a task that ended with `code` (a Popen return code).
-
-    Returns:
-      FINISHED: exit 0; or any end once the chief has finished the run (there
-        is nothing left for the task to do) or while the launcher is stopping
-        every task.
-      RESTART: a retryable status (`exit_codes.is_retryable`: a signal, 128 +
-        N, or 200) with `restarts` < `max_restarts`.
-      FAILED: 1-127 (a permanent failure or usage error: the same command
-        would fail the same way), or a retryable status with no restart left.
-    """
-    if code == exit_codes.SUCCESS or chief_finished or stopping:
-        return FINISHED
-    if exit_codes.is_retryable(code) and restarts < max_restarts:
-        return RESTART
-    return FAILED
+FINISHED, RESTART, FAILED = exit_codes.FINISHED, exit_codes.RESTART, exit_codes.FAILED
 
 
 class Supervisor:
     """Starts the tasks, relays their output, watches them end, restarts the ones that die.
 
-    What happens to a task that ended is `decide`'s: *finished* on exit 0 (or
+    What happens to a task that ended is `exit_codes.decide`'s: *finished* on exit 0 (or
     any end once the chief, `worker0`, has finished: the run is over), a
     *restart* with the same command for a retryable status (a signal, 128 + N,
     200) while it has restarts left, else the run has *failed*.
@@ -182,7 +162,7 @@ class Supervisor:
                 continue  # running, or its last lines are still to be read
             what = "finished" if code == 0 else describe_exit(code)
             self.events.append((time.time(), name, what))
-            decision = decide(code, self.restarts[name], self.max_restarts,
+            decision = exit_codes.decide(code, self.restarts[name], self.max_restarts,
                               CHIEF in finished, self.stopping)
             if decision == FINISHED:
                 if code != 0 and CHIEF in finished and not self.stopping:

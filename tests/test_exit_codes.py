@@ -14,7 +14,7 @@ import tensorflow as tf
 import clusters
 from lowlevel import exit_codes
 from lowlevel.config import RuntimeFailure, UsageError
-from lowlevel.launch import FAILED, FINISHED, RESTART, decide
+from lowlevel.exit_codes import FAILED, FINISHED, RESTART, decide
 
 STEP = re.compile(r"step (\d+)/\d+ \|")
 
