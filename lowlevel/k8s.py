@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+import yaml
+
 PORT = 2222
 PORT_NAME = "tfjob-port"
 CONTAINER = "tensorflow"
@@ -43,7 +45,26 @@ ROLE_LABEL = "lowlevel/role"
 # Replica types of a TFJob, in the order the manifests list them, and the
 # TF_CONFIG job type of each (the operator lower-cases the replica type).
 REPLICA_TYPES = {"Chief": "chief", "Worker": "worker", "PS": "ps", "Evaluator": "evaluator"}
-PERMANENT_STATUSES = list(range(1, 128))  # lowlevel.exit_codes: 1-127 are never retried
+
+
+class FlowList(list):
+    """A list `dump_all` writes on one line ([1, 2, 3]), e.g. the 127 permanent statuses."""
+
+
+PERMANENT_STATUSES = FlowList(range(1, 128))  # lowlevel.exit_codes: 1-127 are never retried
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(FlowList, lambda dumper, data: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=True))
+
+
+def dump_all(docs: list[dict]) -> str:
+    """Multi-document YAML of `docs`, keys in the order built, for `kubectl apply -f`."""
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=100)
 
 
 def host(name: str, namespace: str, job: str, index: int, subdomain: Optional[str] = None,

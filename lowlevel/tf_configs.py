@@ -169,11 +169,10 @@ def main(argv) -> int:
                                  "--schedule"):
             raise UsageError(f"{arg}: set by TF_CONFIG and this tool; drop it")
     if FLAGS.format in ("tfjob", "k8s"):
-        import yaml
         docs = kubernetes_docs(extra)
         sys.stderr.write(f"# {FLAGS.format}: {len(docs)} documents for run {FLAGS.name} in "
                          f"namespace {FLAGS.namespace}; apply with: kubectl apply -f FILE\n")
-        sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False, width=100))
+        sys.stdout.write(k8s.dump_all(docs))
         return 0
     chief = parse_hosts(FLAGS.chief, "--chief")
     try:
