@@ -28,6 +28,7 @@ from typing import Optional
 
 PREFIX = "llns"
 NETWORK = ipaddress.ip_network("198.18.0.0/15")
+_made = 0  # Hosts instances made by this process
 
 
 def unavailable() -> Optional[str]:
@@ -67,9 +68,15 @@ class Hosts:
     def __init__(self, hosts: dict[str, list[str]]):
         if len(hosts) > 250:
             raise ValueError(f"{len(hosts)} hosts: at most 250 fit a /24")
-        tag = os.getpid() % 100000
+        self.namespaces: dict[str, str] = {}
+        self._bridge = None
+        global _made
+        _made += 1
+        # Unique among live instances (pid and a counter); interface names fit 15 bytes.
+        tag = f"{os.getpid() % 10000}{_made % 100:02d}"
         self._bridge = f"{PREFIX}{tag}br"
-        subnet = list(NETWORK.subnets(new_prefix=24))[tag % 512]
+        # Each instance has its own bridge, so subnets may repeat across instances.
+        subnet = list(NETWORK.subnets(new_prefix=24))[int(tag) % 512]
         self.namespaces = {h: f"{PREFIX}{tag}h{k}" for k, h in enumerate(hosts)}
         self.addresses = {h: str(subnet[k + 1]) for k, h in enumerate(hosts)}
         self._prefixlen = subnet.prefixlen
@@ -132,7 +139,8 @@ class Hosts:
             _ip("link", "del", f"{ns}o", check=False)  # its peer inside goes with it
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
-        _ip("link", "del", self._bridge, check=False)
+        if self._bridge:
+            _ip("link", "del", self._bridge, check=False)
 
     def __enter__(self) -> "Hosts":
         return self
