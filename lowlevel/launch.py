@@ -163,7 +163,7 @@ class Supervisor:
             what = "finished" if code == 0 else describe_exit(code)
             self.events.append((time.time(), name, what))
             decision = exit_codes.decide(code, self.restarts[name], self.max_restarts,
-                              CHIEF in finished, self.stopping)
+                                         CHIEF in finished, self.stopping)
             if decision == FINISHED:
                 if code != 0 and CHIEF in finished and not self.stopping:
                     _write(f"launch: {name} {what} after the chief finished; not restarting "
