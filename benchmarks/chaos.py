@@ -8,7 +8,9 @@ Runs `lowlevel.launch --max_restarts=...` on one `--output_dir` in segments of
 checkpoint: a run restarted on its own output is part of what is tested).
 While a segment trains, faults come on a random schedule (exponential gaps,
 mean `--mean_fault_interval_secs`): a random task (ps0, the chief worker0,
-worker1, ...) gets SIGKILL or SIGTERM, and the launcher restarts it. One fault
+worker1, ...) gets SIGKILL (killed by the signal) or SIGTERM (it stops at a safe point
+and exits 143); both are retryable (lowlevel/exit_codes.py) and the launcher restarts it.
+One fault
 at a time: the next waits until the task hit by the last one is back. When
 `--duration_secs` has passed no new fault is injected and the current segment
 trains to its end.

@@ -19,14 +19,18 @@ from typing import Iterable, Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.config import RuntimeFailure, UsageError
+from lowlevel.config import RuntimeFailure
 
 GLOBAL_STEP = "global_step"
 _warned: set = set()  # unreadable checkpoints already reported by this process
 
 
-class CheckpointMismatch(UsageError):
-    """The checkpoint in `--output_dir` does not fit the model being built."""
+class CheckpointMismatch(RuntimeFailure):
+    """The checkpoint in `--output_dir` does not fit the model being built.
+
+    A permanent failure (exit status 1, `exit_codes.FAILURE`): a restart finds
+    the same checkpoint.
+    """
 
 
 def latest(checkpoint_dir: Optional[str]) -> Optional[str]:

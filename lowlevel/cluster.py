@@ -8,6 +8,8 @@ at the end and tells the ps tasks to exit; without a `chief` job, worker 0 is
 the chief. An `evaluator` task is not part of the cluster a server is built
 with: it runs locally and talks to no other task.
 
+`TF_CONFIG` is read by `lowlevel.tf_config`.
+
 No TensorFlow import here: `Cluster.as_dict()` is what
 `tf.train.ClusterSpec` takes.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import os
 import socket
 from typing import Optional
@@ -93,17 +94,20 @@ class Cluster:
       worker_hosts: `host:port` of each worker task.
       chief_hosts: `host:port` of the chief job's task, or () when worker 0 is
         the chief.
+      sparse: from a `sparseCluster`: an address this task was not given is
+        None, and `num_workers` is None (unknown).
     """
 
-    ps_hosts: tuple[str, ...]
-    worker_hosts: tuple[str, ...]
+    ps_hosts: tuple[Optional[str], ...]
+    worker_hosts: tuple[Optional[str], ...]
     chief_hosts: tuple[str, ...] = ()
+    sparse: bool = False
 
     def __post_init__(self):
         if len(self.chief_hosts) > 1:
             raise UsageError(f"the chief job has {len(self.chief_hosts)} tasks "
                              f"({','.join(self.chief_hosts)}); expected one")
-        if not self.worker_hosts and not self.chief_hosts:
+        if not self.worker_hosts and not self.chief_hosts and not self.sparse:
             raise UsageError("--worker_hosts: a cluster needs at least one worker")
         if not self.ps_hosts:
             raise UsageError("--ps_hosts: a cluster needs at least one ps task to hold "
@@ -111,6 +115,8 @@ class Cluster:
         seen = {}
         for job in (CHIEF, PS, WORKER):
             for i, host in enumerate(self.hosts(job)):
+                if host is None:
+                    continue
                 if host in seen:
                     raise UsageError(
                         f"address {host} is given twice ({seen[host]} and {job}{i}); "
@@ -122,8 +128,11 @@ class Cluster:
         return len(self.ps_hosts)
 
     @property
-    def num_workers(self) -> int:
-        """Training tasks: the workers, and the chief when it is a job of its own."""
+    def num_workers(self) -> Optional[int]:
+        """Training tasks: the workers, and the chief when it is a job of its own; None
+        when sparse (the other workers are unknown)."""
+        if self.sparse:
+            return None
         return len(self.worker_hosts) + len(self.chief_hosts)
 
     def hosts(self, job_name: str) -> tuple[str, ...]:
@@ -136,11 +145,23 @@ class Cluster:
     def training_tasks(self) -> list[Task]:
         """The chief and workers in replica order (the chief first)."""
         return ([self.task(CHIEF, 0)] * len(self.chief_hosts)
-                + [self.task(WORKER, i) for i in range(len(self.worker_hosts))])
+                + [self.task(WORKER, i) for i, h in enumerate(self.worker_hosts)
+                   if h is not None])
 
-    def as_dict(self) -> dict[str, list[str]]:
-        """The `{"chief": [...], "ps": [...], "worker": [...]}` mapping `ClusterSpec` takes."""
-        return {job: list(self.hosts(job)) for job in (CHIEF, PS, WORKER) if self.hosts(job)}
+    def as_dict(self) -> dict:
+        """The `{"chief": [...], "ps": [...], "worker": [...]}` mapping `ClusterSpec` takes.
+
+        A job of which only some tasks are known (sparse) is a {task_index:
+        host} dict, which `ClusterSpec` also takes.
+        """
+        spec = {}
+        for job in (CHIEF, PS, WORKER):
+            hosts = self.hosts(job)
+            if None in hosts:
+                spec[job] = {i: h for i, h in enumerate(hosts) if h is not None}
+            elif hosts:
+                spec[job] = list(hosts)
+        return spec
 
     def tasks_on_host_of(self, job_name: str, task_index: int,
                          jobs: tuple[str, ...] = (CHIEF, PS, WORKER)) -> int:
@@ -151,7 +172,7 @@ class Cluster:
         """
         mine = _machine(self.hosts(job_name)[task_index].rpartition(":")[0])
         return sum(_machine(h.rpartition(":")[0]) == mine
-                   for job in jobs for h in self.hosts(job))
+                   for job in jobs for h in self.hosts(job) if h is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,99 +201,20 @@ def from_flags(flags: ClusterFlags) -> tuple[Optional[Cluster], Optional[Task]]:
     if not flags.ps_hosts and not flags.worker_hosts:
         if job in (PS, WORKER, CHIEF):
             raise UsageError(f"--job_name={flags.job_name} needs --ps_hosts and --worker_hosts")
-        return None, _evaluator(flags.task_index, "--task_index") if job else None
+        return None, evaluator_task(flags.task_index, "--task_index") if job else None
     cluster = Cluster(parse_hosts(flags.ps_hosts, "--ps_hosts"),
                       parse_hosts(flags.worker_hosts, "--worker_hosts"))
     if not job:
         raise UsageError("--job_name is required with --ps_hosts/--worker_hosts: "
                          f"expected one of {', '.join(JOBS)}")
     if job == EVALUATOR:
-        return cluster, _evaluator(flags.task_index, "--task_index")
-    return cluster, _task(cluster, job, flags.task_index or 0, "--job_name", "--task_index")
+        return cluster, evaluator_task(flags.task_index, "--task_index")
+    return cluster, checked_task(cluster, job, flags.task_index or 0, "--job_name",
+                                 "--task_index")
 
 
-def from_tf_config(text: str) -> tuple[Cluster, Task]:
-    """Parses a `TF_CONFIG` value: `{"cluster": {job: [host:port, ...]}, "task": {"type", "index"}}`.
-
-    Job types: chief (or master), worker, ps, evaluator; an optional
-    "environment" key is ignored. An "evaluator" job in "cluster" is dropped
-    from the `Cluster` (an evaluator talks to no task).
-
-    Raises:
-      UsageError: not JSON, "cluster" or "task" missing or malformed, an
-        unknown job type, a bad address, or a task not in the cluster.
-    """
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"TF_CONFIG is not JSON ({e.msg} at character {e.pos}): {text[:80]!r}")
-    if not isinstance(value, dict):
-        raise UsageError(f"TF_CONFIG: expected a JSON object with \"cluster\" and \"task\", "
-                         f"got {text[:80]!r}")
-    spec, task = value.get("cluster"), value.get("task")
-    if not isinstance(spec, dict) or not spec:
-        raise UsageError('TF_CONFIG lacks "cluster": expected e.g. {"cluster": {"ps": '
-                         '["host:2222"], "worker": ["host:2223"]}, "task": {...}}')
-    if not isinstance(task, dict) or "type" not in task:
-        raise UsageError('TF_CONFIG lacks "task": expected e.g. "task": {"type": "worker", '
-                         '"index": 0}')
-    hosts = {}
-    for job, addresses in spec.items():
-        name = ALIASES.get(job, job)
-        if name not in JOBS:
-            raise UsageError(f"TF_CONFIG: cluster job '{job}' is unknown; expected "
-                             f"{', '.join(JOBS)} or master")
-        if isinstance(addresses, str):
-            addresses = [addresses]
-        if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
-            raise UsageError(f"TF_CONFIG: cluster.{job} must be a list of \"host:port\" strings")
-        hosts[name] = parse_hosts(",".join(addresses), f"TF_CONFIG cluster.{job}")
-    cluster = Cluster(hosts.get(PS, ()), hosts.get(WORKER, ()), hosts.get(CHIEF, ()))
-    job = ALIASES.get(task["type"], task["type"])
-    index = task.get("index", 0)
-    if not isinstance(index, int) or isinstance(index, bool):
-        raise UsageError(f"TF_CONFIG: task.index={index!r}: expected a whole number")
-    if job not in JOBS:
-        raise UsageError(f"TF_CONFIG: task.type={task['type']!r}: expected one of "
-                         f"{', '.join(JOBS)} or master")
-    if job == EVALUATOR:
-        return cluster, _evaluator(index, "TF_CONFIG task.index")
-    return cluster, _task(cluster, job, index, "TF_CONFIG task.type", "TF_CONFIG task.index")
-
-
-def resolve(flags: ClusterFlags, tf_config: Optional[str]) -> tuple[Optional[Cluster],
-                                                                     Optional[Task]]:
-    """The cluster and task from `TF_CONFIG` when set, else from the flags.
-
-    Flags given beside `TF_CONFIG` must agree with it.
-
-    Raises:
-      UsageError: as `from_flags`/`from_tf_config`, or a flag that disagrees
-        with `TF_CONFIG` (the message names both values).
-    """
-    if not tf_config or not tf_config.strip():
-        return from_flags(flags)
-    cluster, task = from_tf_config(tf_config)
-    given = {
-        "--ps_hosts": (flags.ps_hosts and parse_hosts(flags.ps_hosts, "--ps_hosts"),
-                       cluster.ps_hosts, "cluster.ps"),
-        "--worker_hosts": (flags.worker_hosts and
-                           parse_hosts(flags.worker_hosts, "--worker_hosts"),
-                           cluster.worker_hosts, "cluster.worker"),
-        "--job_name": (flags.job_name and ALIASES.get(flags.job_name, flags.job_name),
-                       task.job_name, "task.type"),
-        "--task_index": (flags.task_index, task.task_index, "task.index"),
-    }
-    for flag, (mine, theirs, key) in given.items():
-        if mine not in (None, "") and mine != theirs:
-            show = ",".join(mine) if isinstance(mine, tuple) else mine
-            other = ",".join(theirs) if isinstance(theirs, tuple) else theirs
-            raise UsageError(f"{flag}={show} disagrees with TF_CONFIG {key}={other}; "
-                             "give the same value or drop the flag")
-    return cluster, task
-
-
-def _task(cluster: Cluster, job: str, index: int, job_src: str, index_src: str) -> Task:
+def checked_task(cluster: Cluster, job: str, index: int, job_src: str, index_src: str) -> Task:
+    """Task `job`/`index` of `cluster`; UsageError naming `job_src`/`index_src` if absent."""
     hosts = cluster.hosts(job)
     if not hosts:
         raise UsageError(f"{job_src}={job}: the cluster has no {job} tasks")
@@ -282,7 +224,8 @@ def _task(cluster: Cluster, job: str, index: int, job_src: str, index_src: str) 
     return cluster.task(job, index)
 
 
-def _evaluator(index: Optional[int], index_src: str) -> Task:
+def evaluator_task(index: Optional[int], index_src: str) -> Task:
+    """The evaluator (there is one, index 0); UsageError naming `index_src` otherwise."""
     if index not in (None, 0):
         raise UsageError(f"{index_src}={index}: there is one evaluator, index 0")
     return Task(EVALUATOR, 0)

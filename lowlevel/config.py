@@ -150,11 +150,12 @@ class TrainConfig:
         60.0, "How long the chief waits after its last step for the other workers to "
         "finish before stopping the ps tasks.", above=0)
     startup_timeout_secs: float = _field(
-        600.0, "How long a worker waits for the ps tasks and the chief's model before "
-        "giving up (exit 1, naming the task).", above=0)
+        600.0, "How long a worker waits for the ps tasks and the chief's model (and for "
+        "their host names to resolve) before giving up with exit status 200 (retryable), "
+        "naming the task.", above=0)
     eval_timeout_secs: float = _field(
-        600.0, "How long an evaluator waits for a new checkpoint before giving up (exit 1).",
-        above=0)
+        600.0, "How long an evaluator waits for a new checkpoint before giving up with exit "
+        "status 200 (retryable).", above=0)
     sync_timeout_secs: float = _field(
         30.0, "Sync mode: how long one step may wait for gradients before the chief logs "
         "which workers do not answer (it keeps waiting; the step completes when they are "

@@ -24,11 +24,15 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from lowlevel.config import UsageError
+from lowlevel.config import RuntimeFailure
 
 
-class DataError(UsageError):
-    """The data files are missing, truncated or not what they claim to be."""
+class DataError(RuntimeFailure):
+    """The data files are missing, truncated or not what they claim to be.
+
+    A permanent failure (exit status 1, `exit_codes.FAILURE`): a restart reads
+    the same files.
+    """
 
 
 @dataclasses.dataclass(frozen=True)

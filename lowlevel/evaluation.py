@@ -17,7 +17,8 @@ from absl import logging
 
 from lowlevel import checkpoints, files, models
 from lowlevel import data as data_lib
-from lowlevel.config import RuntimeFailure, TrainConfig
+from lowlevel.config import TrainConfig
+from lowlevel.exit_codes import TransientFailure
 
 v1 = tf.compat.v1
 
@@ -77,8 +78,12 @@ class FinalEvalHook(v1.train.SessionRunHook):
             self.result = evaluate(session, self._ops)
 
 
-class EvalTimeout(RuntimeFailure):
-    """No new checkpoint appeared within `eval_timeout_secs` before the final one."""
+class EvalTimeout(TransientFailure):
+    """No new checkpoint appeared within `eval_timeout_secs` before the final one.
+
+    Retryable (exit status 200, `exit_codes.TRANSIENT`): the chief may be
+    down or restarting; a restarted evaluator picks up where it was.
+    """
 
 
 def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: bool = False,

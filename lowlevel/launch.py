@@ -13,9 +13,12 @@ The live line is fed by the chief's `progress` events
 (`<output_dir>/events/worker0.jsonl`, `lowlevel.events`), not by its log.
 
 Exit status: 0 when every task exited 0; 2 for a usage error (one line on
-stderr). With `--max_restarts=N` a task that dies (or is preempted) is started
-again with the same flags, up to N times, and every restart is reported. If a
-task fails for good, the launcher names it, stops the others and exits 1.
+stderr). With `--max_restarts=N` a task that ends with a retryable status
+(killed or stopped by a signal, or status 200: `lowlevel.exit_codes`) is
+started again with the same flags, up to N times, and every restart is
+reported. A task that exits 1-127 (a permanent failure or a usage error), or a
+retryable one with its restarts used up, fails the run: the launcher names it,
+stops the others and exits 1.
 Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
 SIGTERM should the launcher itself die, even by SIGKILL (Linux
 `PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.lifetime`), so no
@@ -36,10 +39,9 @@ from typing import Optional
 import portpicker
 from absl import app, flags
 
-from lowlevel import events, lifetime
+from lowlevel import events, exit_codes, lifetime
 from lowlevel import trainer  # defines the trainer flags passed on
 from lowlevel.config import UsageError, exit_status_main
-from lowlevel.preemption import PREEMPTED
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
@@ -47,9 +49,11 @@ flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the 
 flags.DEFINE_boolean("evaluator", False, "Add an evaluator task: it evaluates each new "
                      "checkpoint on the test split (<output_dir>/eval/) and exits after the "
                      "final one.")
-flags.DEFINE_integer("max_restarts", 0, "Restart a task that dies or is preempted, with the "
-                     "same flags, up to this many times per task (as a cluster manager with "
-                     "restart-on-failure would); 0: a task that dies fails the run.")
+flags.DEFINE_integer("max_restarts", 0, "Restart a task that ends with a retryable status "
+                     "(killed or stopped by a signal, or 200: a transient failure), with the "
+                     "same flags, up to this many times per task (as Kubernetes' "
+                     "restartPolicy: ExitCode would); 0: any task that fails fails the run. "
+                     "Statuses 1-127 (permanent failure, usage error) are never restarted.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
@@ -86,25 +90,21 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
 
 
 def describe_exit(code: int) -> str:
-    """"exited with status 1", "was killed by SIGKILL", ... for a Popen return code."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
+    """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a Popen
+    return code."""
+    return exit_codes.describe(code)
+
+
+FINISHED, RESTART, FAILED = exit_codes.FINISHED, exit_codes.RESTART, exit_codes.FAILED
 
 
 class Supervisor:
     """Starts the tasks, relays their output, watches them end, restarts the ones that die.
 
-    A task has *finished* when its process exits 0 without having logged that
-    it was preempted (`preemption.PREEMPTED`), or when it ends in any way after
-    the chief (`worker0`) has finished: the run is over then. A task that dies (non-zero
-    status or a signal) or was preempted is started again with the same
-    command, up to `max_restarts` times per task, as a cluster manager with
-    restart-on-failure would; after that it has *failed*. Exit status 2 (a
-    usage error) is never retried: the same command fails the same way.
+    What happens to a task that ended is `exit_codes.decide`'s: *finished* on exit 0 (or
+    any end once the chief, `worker0`, has finished: the run is over), a
+    *restart* with the same command for a retryable status (a signal, 128 + N,
+    200) while it has restarts left, else the run has *failed*.
 
     Attributes:
       procs: {task name: its current Popen}.
@@ -123,7 +123,6 @@ class Supervisor:
         self.events: list[tuple[float, str, str]] = []
         self.stopping = False
         self.progress = None  # the live progress line, when supervise shows one
-        self._preempted: set[int] = set()  # pids that logged a preemption
         self._open: set[int] = set()  # pids whose output is still being read
         self._env = lifetime.child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
         for name in commands:
@@ -144,11 +143,9 @@ class Supervisor:
         self.lines.put((name, proc.pid, None))
 
     def note_line(self, pid: int, line: Optional[str]) -> None:
-        """Records what a task's output line says about its end (its EOF when None)."""
+        """Records the end of a task's output (`line` None); its end is read only after it."""
         if line is None:
             self._open.discard(pid)
-        elif PREEMPTED in line:
-            self._preempted.add(pid)
 
     def check(self, finished: set) -> Optional[str]:
         """Handles every task that has ended since the last call.
@@ -160,25 +157,21 @@ class Supervisor:
             code = proc.poll()
             if name in finished or code is None or proc.pid in self._open:
                 continue  # running, or its last lines are still to be read
-            preempted = proc.pid in self._preempted
-            if code == 0 and not preempted:
-                finished.add(name)
-                self.events.append((time.time(), name, "finished"))
-                continue
-            what = "was preempted (SIGTERM)" if code == 0 else describe_exit(code)
+            what = "finished" if code == 0 else describe_exit(code)
             self.events.append((time.time(), name, what))
-            if self.stopping:
+            decision = exit_codes.decide(code, self.restarts[name], self.max_restarts,
+                                         CHIEF in finished, self.stopping)
+            if decision == FINISHED:
+                if code != 0 and CHIEF in finished and not self.stopping:
+                    _write(f"launch: {name} {what} after the chief finished; not restarting "
+                           "it", self.progress, self.out)
                 finished.add(name)
                 continue
-            if CHIEF in finished:  # the run is over: nothing for this task to do again
-                _write(f"launch: {name} {what} after the chief finished; not restarting it",
-                       self.progress, self.out)
-                finished.add(name)
-                continue
-            if code == 2 or self.restarts[name] >= self.max_restarts:
-                return f"{name} {what}" + (
-                    f" and has used its {self.max_restarts} restart(s)" if code != 2 and
-                    self.max_restarts else "")
+            if decision == FAILED:
+                if not exit_codes.is_retryable(code):
+                    return f"{name} {what}; not restarting it"
+                return f"{name} {what}" + (f" and has used its {self.max_restarts} "
+                                           "restart(s)" if self.max_restarts else "")
             self.restarts[name] += 1
             _write(f"launch: {name} {what}; restarting it (restart {self.restarts[name]} of "
                    f"{self.max_restarts})", self.progress, self.out)

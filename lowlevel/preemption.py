@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT for a task: stop at a safe point, within seconds, with status 0.
+"""SIGTERM and SIGINT for a task: stop at a safe point, within seconds, with status 128 + N.
 
 Cluster managers preempt a task with SIGTERM and kill it a grace period later
 (Kubernetes: 30 s by default; here we aim for 5 s). A Python signal handler
@@ -14,13 +14,18 @@ What happens on a signal depends on the phase the task has reached:
 - before training (importing TensorFlow, building the graph, waiting for the
   cluster): nothing is at stake; the process exits at once;
 - training: `requested` is set; the training loop stops after its current
-  step, the chief's session close saves a checkpoint, and the process exits
-  0. If that has not happened within `GRACE_SECS` (the main thread is blocked)
+  step, the chief's session close saves a checkpoint, and the process exits.
+  If that has not happened within `GRACE_SECS` (the main thread is blocked)
   the task's `on_stuck` action runs (the chief saves a checkpoint from this
-  thread) and the process exits: 0 if the action succeeded, 1 if not.
+  thread) and the process exits; if that save failed too, the error is logged
+  and the newest earlier checkpoint is what a restart resumes from.
 
-The exit status is 0 for SIGTERM (preemption is not a failure when the state is
-safe) and 130 for SIGINT (Ctrl-C), as shells expect.
+The exit status is 128 + N for signal N (SIGTERM: 143, SIGINT: 130), as a
+shell and Kubernetes report a process killed by that signal: the task was
+stopped, the run is not finished, and a restart with the same flags resumes
+it (`exit_codes.is_retryable`). Exiting 0 on SIGTERM would read as "succeeded"
+to a Kubernetes Job or `TFJob`: a preempted chief would end the whole job with
+training unfinished.
 """
 
 from __future__ import annotations
@@ -34,19 +39,20 @@ from typing import Callable, Optional
 from absl import logging
 
 from lowlevel import events
+from lowlevel.exit_codes import signal_status
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # Seconds between the signal and the fallback `on_stuck` action: the main
 # thread normally finishes its step and the chief its checkpoint well within it.
 GRACE_SECS = 3.0
-# The line a preempted task logs before it exits 0; the launcher restarts a task
-# that printed it (and only such a task, among those that exit 0).
+# The words a task logs when a signal stops it (its exit status, 128 + N, is
+# what the launcher and cluster managers act on).
 PREEMPTED = "preempted by"
 
 
 def exit_status(signum: int) -> int:
-    """0 for SIGTERM (a preemption), 128 + signal number otherwise (130 for SIGINT)."""
-    return 0 if signum == signal.SIGTERM else 128 + signum
+    """128 + the signal number (143 for SIGTERM, 130 for SIGINT): stopped, retryable."""
+    return signal_status(signum)
 
 
 class Preemption:
@@ -119,19 +125,22 @@ class Preemption:
     def _give_up(self, on_stuck):
         logging.warning("%s: the current step has not finished %.0f s after the signal "
                         "(blocked on another task?)", self.task_name, GRACE_SECS)
-        safe = True
         with self._lock:
             if self._safe:
                 on_stuck = None
+        saved = True  # nothing to save, or the main thread saved it already
         if on_stuck is not None:
             try:
-                safe = bool(on_stuck())
-            except Exception as e:  # noqa: BLE001 - reported; the exit status says it
+                saved = bool(on_stuck())
+            except Exception as e:  # noqa: BLE001 - reported below
                 logging.error("%s: could not save the training state: %s", self.task_name, e)
-                safe = False
+                saved = False
+            if not saved:  # still retryable: a restart resumes from the newest checkpoint
+                logging.warning("%s: no checkpoint at the stop; a restart resumes from the "
+                                "newest earlier one", self.task_name)
         events.emit("preempted", None, signal=self.signal_name, checkpoint=None, stuck=True,
-                    safe=safe)
-        _exit(exit_status(self.signum) if safe else 1)
+                    safe=saved)
+        _exit(exit_status(self.signum))
 
 
 def _exit(code: int) -> None:

@@ -15,13 +15,15 @@ from typing import Callable, Iterable, Optional
 from absl import logging
 
 from lowlevel.cluster import Cluster, Task
-from lowlevel.config import RuntimeFailure, UsageError
+from lowlevel.config import UsageError
+from lowlevel.exit_codes import TransientFailure
 
 POLL_SECS = 0.5  # how often a waiting loop checks for signals and deadlines
 
 
-class StartupError(RuntimeFailure):
-    """The cluster did not come together: a task never answered within the start-up timeout."""
+class StartupError(TransientFailure):
+    """The cluster did not come together: a task never answered, or its host name never
+    resolved, within the start-up timeout. Retryable (exit status 200)."""
 
 
 def check_port_free(address: str, task: Task) -> None:
@@ -58,6 +60,14 @@ def reachable(address: str, timeout_secs: float = 1.0) -> bool:
         return False
 
 
+def resolves(host: str) -> bool:
+    """Whether `host` (a name or an IP address) resolves to an address now."""
+    try:
+        return bool(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError):
+        return False
+
+
 def unreachable_tasks(cluster: Cluster, tasks: Iterable[Task]) -> list[str]:
     """"name at host:port" of each task in `tasks` whose server does not accept connections."""
     return [f"{t.name} at {cluster.hosts(t.job_name)[t.task_index]}" for t in tasks
@@ -70,8 +80,10 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
 
     A session on a cluster whose ps is down waits in CreateSession forever,
     logging "CreateSession still waiting for response from worker"; this
-    bounded wait names the task instead. It runs before every session is
-    created, the ones that recover from a ps failure included.
+    bounded wait names the task instead. A host name that does not resolve
+    (yet: on Kubernetes, a new pod's Service name, kubeflow/training-operator#1458)
+    is retried the same way, and named as such at the deadline. It runs before
+    every session is created, the ones that recover from a ps failure included.
 
     Args:
       timeout_secs: the longest wait, seconds.
@@ -80,8 +92,8 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
         whose run has finished meanwhile raises `checkpoints.TrainingFinished`).
 
     Raises:
-      StartupError: a ps did not answer within `timeout_secs`; the message
-        names its address.
+      StartupError: a ps did not answer (or its host name did not resolve)
+        within `timeout_secs`; the message names its address. Exit status 200.
     """
     deadline = time.monotonic() + timeout_secs
     waiting = dict(enumerate(cluster.ps_hosts))
@@ -94,6 +106,13 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
             give_up()
         if time.monotonic() >= deadline:
             k, address = next(iter(waiting.items()))
+            host = address.rpartition(":")[0].strip("[]")
+            if not resolves(host):
+                raise StartupError(
+                    f"ps{k} at {address}: host name {host} did not resolve within "
+                    f"{timeout_secs:g} s (--startup_timeout_secs; on Kubernetes a new pod's "
+                    "Service name can take seconds: kubeflow/training-operator#1458): is "
+                    "the name in --ps_hosts / TF_CONFIG right?")
             raise StartupError(
                 f"ps{k} at {address} did not answer within {timeout_secs:g} s "
                 "(--startup_timeout_secs): is its process running, and is the address "

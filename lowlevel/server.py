@@ -20,6 +20,9 @@ from lowlevel.probes import check_port_free
 
 v1 = tf.compat.v1
 
+# The job name a training task's server boots under with a sparseCluster.
+SPARSE_MASTER_JOB = "lowlevel_master"
+
 
 def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
                    inter_op_threads: int = 0):
@@ -59,6 +62,14 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
     # burns a core another task on the host needs (+5 % exact 1 ps + 2 workers,
     # benchmarks/NOTES.md).
     config.experimental.disable_thread_spinning = here() > cores
+    if cluster.sparse and task.job_name != PS:
+        # A sparseCluster ps knows only itself: the worker's sessions tell it the
+        # cluster they need (TensorFlow's ClusterSpec propagation), else the ps
+        # cannot reach the worker ("No worker known as /job:worker/...").
+        config.cluster_def.CopyFrom(
+            v1.train.ClusterSpec(cluster.as_dict()).as_cluster_def())
+        # ...and shares the ps tasks' variables and queues with every other session.
+        config.experimental.share_session_state_in_clusterspec_propagation = True
     return config
 
 
@@ -69,8 +80,15 @@ def start(cluster: Cluster, task: Task, config) -> "v1.train.Server":
       UsageError: the port is already in use.
     """
     check_port_free(cluster.hosts(task.job_name)[task.task_index], task)
-    server = v1.train.Server(v1.train.ClusterSpec(cluster.as_dict()),
-                             job_name=task.job_name, task_index=task.task_index,
+    spec, job, index = cluster.as_dict(), task.job_name, task.task_index
+    if cluster.sparse and task.job_name != PS:
+        # The sessions propagate the cluster (config.cluster_def), and TensorFlow
+        # does not allow the master's own server to be booted under a name that
+        # cluster lists: boot it as SPARSE_MASTER_JOB; the worker sessions the
+        # master creates on it (through its own port) get this task's name.
+        spec = {SPARSE_MASTER_JOB: [cluster.hosts(job)[index]]}
+        job, index = SPARSE_MASTER_JOB, 0
+    server = v1.train.Server(v1.train.ClusterSpec(spec), job_name=job, task_index=index,
                              config=config, start=True)
     logging.info("%s: server listening on %s (%s)", task.name,
                  cluster.hosts(task.job_name)[task.task_index], server.target)

@@ -15,16 +15,27 @@ training with a single chief (`--chief` and `--workers`, `--sync`), and async
 training with several workers and ps tasks (`--workers`, worker 0 being the
 chief). Flags after `--` are passed to every task. `--format=json` prints a
 JSON list of {job, task_index, tf_config, flags, command} for tools.
+
+For Kubernetes the addresses are derived, not given (`lowlevel/k8s.py`):
+
+    lowlevel-make-tf-configs --format=tfjob --name=mnist --image=REGISTRY/lowlevel:0.1.0 \
+        --num_ps=2 --num_workers=2 --chief_job --evaluator --output_dir=/output \
+        --pvc=mnist-output -- --train_steps=20000 | kubectl apply -f -
+
+prints a `TFJob` and a NetworkPolicy; `--format=k8s` a headless Service, one
+Job per task and the NetworkPolicy, for clusters without the training operator.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 
 from absl import app, flags
 
+from lowlevel import k8s
 from lowlevel.cluster import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
 from lowlevel.config import UsageError, check_schedule, exit_status_main
 
@@ -38,9 +49,30 @@ flags.DEFINE_boolean("evaluator", False, "Add an evaluator task (continuous_eval
                      "no address: it reads the checkpoints in --output_dir.")
 flags.DEFINE_string("output_dir", None, "--output_dir of every task: a directory all tasks "
                     "share (required with --evaluator).")
-flags.DEFINE_enum("format", "shell", ["shell", "json"], "shell: one command line per task; "
-                  "json: a list of objects.")
+flags.DEFINE_enum("format", "shell", ["shell", "json", "tfjob", "k8s"], "shell: one command "
+                  "line per task; json: a list of objects; tfjob: a Kubeflow TFJob and a "
+                  "NetworkPolicy (YAML); k8s: a headless Service, a Job per task and a "
+                  "NetworkPolicy (YAML), for clusters without the training operator.")
 flags.DEFINE_string("python", "python", "The Python command in the printed lines.")
+# Kubernetes (--format=tfjob / k8s): the layout; addresses are derived from --name.
+flags.DEFINE_integer("num_ps", 1, "tfjob/k8s: ps tasks.")
+flags.DEFINE_integer("num_workers", 2, "tfjob/k8s: workers (worker 0 is the chief unless "
+                     "--chief_job).")
+flags.DEFINE_boolean("chief_job", False, "tfjob/k8s: a separate Chief replica.")
+flags.DEFINE_string("name", None, "tfjob/k8s: the run's name (a DNS label: lowercase "
+                    "letters, digits, '-'); pods are NAME-ROLE-I.")
+flags.DEFINE_string("namespace", "default", "tfjob/k8s: the Kubernetes namespace.")
+flags.DEFINE_string("image", None, "tfjob/k8s: the container image (scripts/Dockerfile).")
+flags.DEFINE_string("pvc", None, "tfjob/k8s: the PersistentVolumeClaim (ReadWriteMany) "
+                    "mounted at --output_dir in every pod.")
+flags.DEFINE_string("cpu", None, "tfjob/k8s: CPU requests, one value for every role (2) or "
+                    "per role (ps=1,worker=4,chief=4,evaluator=1).")
+flags.DEFINE_string("memory", None, "tfjob/k8s: memory requests, as --cpu (e.g. 4Gi or "
+                    "ps=2Gi,worker=8Gi).")
+flags.DEFINE_integer("worker_gpus", 0, "tfjob/k8s: nvidia.com/gpu limit of each chief and "
+                     "worker.")
+flags.DEFINE_integer("backoff_limit", 10, "tfjob/k8s: retries before the run (TFJob) or a "
+                     "task's Job fails; only retryable exit statuses are retried.")
 
 
 def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | None,
@@ -64,6 +96,69 @@ def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | 
     return tasks
 
 
+ROLES = (CHIEF, WORKER, PS, EVALUATOR)
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _per_role(value, flag: str) -> dict[str, str]:
+    """"2" -> every role 2; "ps=1,worker=4" -> those roles."""
+    if not value:
+        return {}
+    if "=" not in value:
+        return {role: value for role in ROLES}
+    out = {}
+    for part in value.split(","):
+        role, sep, amount = part.partition("=")
+        if not sep or role not in ROLES or not amount:
+            raise UsageError(f"--{flag}={value}: expected one value (e.g. 2) or role=value "
+                             f"pairs with roles {', '.join(ROLES)} (e.g. ps=1,worker=4)")
+        out[role] = amount
+    return out
+
+
+def kubernetes_docs(extra: list[str]) -> list[dict]:
+    """The manifests of --format=tfjob or k8s, from the flags.
+
+    Raises:
+      UsageError: a missing or malformed --name, --image, --pvc, --output_dir,
+        or a layout with no ps or no training task.
+    """
+    for flag in ("chief", "workers", "ps"):
+        if FLAGS[flag].present:
+            raise UsageError(f"--{flag} gives addresses; with --format={FLAGS.format} they are "
+                             "derived from --name: use --num_ps/--num_workers/--chief_job")
+    name = FLAGS.name
+    if not name or not DNS_LABEL.match(name) or len(name) > 40:
+        raise UsageError(f"--name={name}: expected a DNS label of at most 40 characters "
+                         "(lowercase letters, digits, '-'; a letter first), e.g. mnist-run1")
+    if not FLAGS.image:
+        raise UsageError("--image is required: the container image with lowlevel installed "
+                         "(see scripts/Dockerfile), e.g. registry.example.com/lowlevel:0.1.0")
+    if not FLAGS.pvc or not FLAGS.output_dir:
+        raise UsageError("--pvc and --output_dir are required: the PersistentVolumeClaim "
+                         "(ReadWriteMany) every task mounts at --output_dir, so checkpoints "
+                         "outlive pods and the evaluator can read them")
+    if FLAGS.num_ps < 1 or FLAGS.num_workers < (0 if FLAGS.chief_job else 1):
+        raise UsageError(f"--num_ps={FLAGS.num_ps} --num_workers={FLAGS.num_workers}: expected "
+                         "at least 1 ps and 1 worker (0 workers only with --chief_job)")
+    replicas = {CHIEF: int(FLAGS.chief_job), WORKER: FLAGS.num_workers, PS: FLAGS.num_ps,
+                EVALUATOR: int(FLAGS.evaluator)}
+    cpu, memory = _per_role(FLAGS.cpu, "cpu"), _per_role(FLAGS.memory, "memory")
+    resources = {}
+    for role in ROLES:
+        requests = {k: v for k, v in (("cpu", cpu.get(role)), ("memory", memory.get(role)))
+                    if v}
+        limits = ({"nvidia.com/gpu": str(FLAGS.worker_gpus)}
+                  if FLAGS.worker_gpus and role in (CHIEF, WORKER) else {})
+        resources[role] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    args = [f"--output_dir={FLAGS.output_dir}"] + (["--sync"] if FLAGS.sync else []) + extra
+    build = k8s.tfjob if FLAGS.format == "tfjob" else k8s.plain
+    docs = build(name, FLAGS.namespace, FLAGS.image, replicas, args, FLAGS.output_dir,
+                 FLAGS.pvc, resources, FLAGS.backoff_limit)
+    docs = [docs] if isinstance(docs, dict) else docs
+    return docs + [k8s.network_policy(name, FLAGS.namespace)]
+
+
 def main(argv) -> int:
     extra = argv[1:]
     for arg in extra:
@@ -73,6 +168,12 @@ def main(argv) -> int:
         if arg.split("=")[0] in ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts",
                                  "--schedule"):
             raise UsageError(f"{arg}: set by TF_CONFIG and this tool; drop it")
+    if FLAGS.format in ("tfjob", "k8s"):
+        docs = kubernetes_docs(extra)
+        sys.stderr.write(f"# {FLAGS.format}: {len(docs)} documents for run {FLAGS.name} in "
+                         f"namespace {FLAGS.namespace}; apply with: kubectl apply -f FILE\n")
+        sys.stdout.write(k8s.dump_all(docs))
+        return 0
     chief = parse_hosts(FLAGS.chief, "--chief")
     try:
         cluster = Cluster(parse_hosts(FLAGS.ps, "--ps"), parse_hosts(FLAGS.workers, "--workers"),

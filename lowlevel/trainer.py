@@ -14,9 +14,11 @@ must agree. With neither, it trains in one process (no servers). The chief
 of stdout; an evaluator prints its last evaluation. A ps task exits 0 once the
 chief signals the end of training.
 
-Flags are parsed here, and only here, into a `TrainConfig`. Exit status: 0 on
-success, 2 for a usage error (one line on stderr naming the bad value), 1 for a
-runtime failure (one line on stderr; `--verbosity=1` adds the traceback).
+Flags are parsed here, and only here, into a `TrainConfig`. Exit status
+(`lowlevel.exit_codes`): 0 when this task's part of the run is finished, 2 for
+a usage error, 1 for a permanent failure, 128 + N when stopped by signal N at a
+safe point, 200 for a transient failure a restart can fix; every failure is one
+line on stderr naming the value (`--verbosity=1` adds the traceback).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from absl import app, flags, logging
 
 from lowlevel import cluster as cluster_lib
 from lowlevel import config as config_lib
+from lowlevel import exit_codes
+from lowlevel import tf_config as tf_config_lib
 from lowlevel.config import SCHEDULES, RuntimeFailure, TrainConfig, UsageError
 
 FLAGS = flags.FLAGS
@@ -77,7 +81,7 @@ def task_from_flags():
     given = cluster_lib.ClusterFlags(
         FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name,
         FLAGS.task_index if FLAGS["task_index"].present else None)
-    cluster, task = cluster_lib.resolve(given, os.environ.get("TF_CONFIG"))
+    cluster, task = tf_config_lib.resolve(given, os.environ.get("TF_CONFIG"))
     if task is None:  # no cluster: in-process training, or an evaluator
         evaluating = FLAGS.schedule in (config_lib.CONTINUOUS_EVAL,
                                         config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)
@@ -107,6 +111,10 @@ def main(argv, preemption) -> int:
     preemption.task_name = task.name
     evaluating = task.job_name == cluster_lib.EVALUATOR
     config = config_from_flags(cluster.num_workers if cluster else None if evaluating else 1)
+    if cluster and cluster.sparse and config.sync and not evaluating:
+        raise UsageError("--sync needs every worker's address, and TF_CONFIG has a "
+                         "sparseCluster (the training operator's enableDynamicWorker gives a "
+                         "worker only its own): train async, or turn enableDynamicWorker off")
     if evaluating and not config.output_dir:
         raise UsageError(f"--schedule={schedule} needs --output_dir: the directory the chief "
                          "writes its checkpoints to")
@@ -149,7 +157,7 @@ def main(argv, preemption) -> int:
         worker_gpu = config.worker_gpu
         if worker_gpu is None:
             worker_gpu = len(tf.config.list_physical_devices("GPU"))
-        shape = (f"{cluster.num_ps} ps + {cluster.num_workers} workers, "
+        shape = (f"{cluster.num_ps} ps + {cluster.num_workers or 'dynamic'} workers, "
                  f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
         logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name,
                      config.model, data.name, len(data.train), len(data.test), shape)
@@ -164,9 +172,8 @@ def main(argv, preemption) -> int:
                 shutdown.stop_cluster(server, cluster, session_config,
                                       min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
-    if preemption.signum is not None:
-        from lowlevel.preemption import exit_status
-        return exit_status(preemption.signum)
+    if preemption.signum is not None:  # stopped at a safe point: retryable
+        return exit_codes.signal_status(preemption.signum)
     if metrics is not None:
         line = json.dumps(metrics)
         logging.info("final metrics: %s", line)
@@ -211,12 +218,15 @@ def _main_or_exit(argv):
         code = main(argv, preemption)
     except UsageError as e:
         sys.stderr.write(f"lowlevel.trainer: error: {e}\n")
-        code = 2
+        code = exit_codes.USAGE
     except Exception as e:  # noqa: BLE001 - one line, not a traceback
         if FLAGS.verbosity >= 1 or not _is_runtime_failure(e):
             traceback.print_exc()
-        sys.stderr.write(f"lowlevel.trainer: error: {_error_line(e)}\n")
-        code = 1
+        code = exit_codes.status_of(e)
+        retry = ("; retryable: restart this task" if exit_codes.is_retryable(code)
+                 else "; restarting will not help")
+        sys.stderr.write(f"lowlevel.trainer: error: {_error_line(e)} (exit status {code}"
+                         f"{retry})\n")
     sys.stdout.flush()
     sys.stderr.flush()
     # A tf.train.Server has no working Stop(); leave without running its

@@ -19,7 +19,7 @@ from absl import logging
 from lowlevel import data as data_lib
 from lowlevel import checkpoints, events, files, loop, probes, sessions
 from lowlevel.graph import TrainGraph, build
-from lowlevel.cluster import Cluster, Task
+from lowlevel.cluster import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.preemption import Preemption
 
@@ -76,9 +76,10 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             sess = v1.train.MonitoredSession(creator, g.hooks,
                                              stop_grace_period_secs=STOP_GRACE_SECS)
         except tf.errors.DeadlineExceededError:
-            chief = cluster.training_tasks()[0]
+            chief = cluster.task(CHIEF, 0) if cluster.chief_hosts else cluster.task(WORKER, 0)
+            where = cluster.hosts(chief.job_name)[0] or "an address this task was not given"
             raise probes.StartupError(
-                f"{task.name}: the chief ({chief.name} at {cluster.hosts(chief.job_name)[0]}) "
+                f"{task.name}: the chief ({chief.name} at {where}) "
                 f"did not have the model ready within {config.startup_timeout_secs:g} s "
                 "(--startup_timeout_secs): is it running?") from None
         with sess:

@@ -1,5 +1,5 @@
 """Every mistake in setting up a cluster: one line on stderr naming the value, the right
-exit status (2 usage, 1 runtime), no traceback, no hang, and nothing in --output_dir
+exit status (lowlevel.exit_codes: 2 usage, 1 permanent, 200 retryable), no traceback, no hang, and nothing in --output_dir
 damaged. Each row runs the real trainer CLI as a subprocess."""
 
 import gzip
@@ -68,25 +68,30 @@ CASES = [
     ("unknown_optimizer", ["--optimizer=lbfgs"], None, None, 2, "--optimizer=lbfgs"),
     ("wrong_schedule_for_job", [*CLUSTER, "--job_name=ps", "--schedule=train"], None, None, 2,
      "--schedule=train cannot run on a ps task"),
-    ("data_dir_missing", ["--dataset=mnist", "--data_dir={tmp}/nowhere"], None, None, 2,
+    ("data_dir_missing", ["--dataset=mnist", "--data_dir={tmp}/nowhere"], None, None, 1,
      "--data_dir={tmp}/nowhere: no such directory"),
     ("data_dir_truncated", ["--dataset=mnist", "--data_dir={tmp}/mnist"], None,
-     "truncated_mnist", 2, "train-images-idx3-ubyte.gz: truncated"),
+     "truncated_mnist", 1, "train-images-idx3-ubyte.gz: truncated"),
     ("data_dir_wrong_files", ["--dataset=mnist", "--data_dir={tmp}/mnist"], None,
-     "wrong_mnist", 2, "mnist.npz: not a readable npz file"),
+     "wrong_mnist", 1, "mnist.npz: not a readable npz file"),
     ("output_dir_not_writable", ["--output_dir={tmp}/file/out"], None, "plain_file", 2,
      "--output_dir={tmp}/file/out: cannot write there"),
-    ("checkpoint_of_another_model", ["--model=cnn"], None, "mlp_checkpoint", 2,
+    ("checkpoint_of_another_model", ["--model=cnn"], None, "mlp_checkpoint", 1,
      "variable model/hidden0/kernel has shape [64, 128] there but [256, 128] in this model"),
     ("evaluator_without_output_dir", ["--schedule=continuous_eval", NO_OUTPUT_DIR], None, None, 2,
      "--schedule=continuous_eval needs --output_dir"),
     ("ps_never_comes_up", [*CLUSTER, "--job_name=worker", "--task_index=0",
-                           "--startup_timeout_secs=3"], None, None, 1,
+                           "--startup_timeout_secs=3"], None, None, 200,
      "ps0 at 127.0.0.1:{p0} did not answer within 3 s (--startup_timeout_secs)"),
-    ("tf_config_ps_never_comes_up", ["--startup_timeout_secs=2"], _tf_config("chief"), None, 1,
+    ("tf_config_ps_never_comes_up", ["--startup_timeout_secs=2"], _tf_config("chief"), None, 200,
      "ps0 at 127.0.0.1:{p2} did not answer within 2 s"),
+    ("ps_host_name_never_resolves", ["--ps_hosts=lowlevel-test-nowhere.invalid:{p0}",
+                                     "--worker_hosts=127.0.0.1:{p1}", "--job_name=worker",
+                                     "--startup_timeout_secs=2"], None, None, 200,
+     "ps0 at lowlevel-test-nowhere.invalid:{p0}: host name lowlevel-test-nowhere.invalid did "
+     "not resolve within 2 s"),
     ("evaluator_gets_no_checkpoint", ["--schedule=continuous_eval", "--eval_timeout_secs=2"],
-     None, None, 1, "no new checkpoint in {out} for 2 s (--eval_timeout_secs)"),
+     None, None, 200, "no new checkpoint in {out} for 2 s (--eval_timeout_secs)"),
 ]
 
 

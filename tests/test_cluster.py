@@ -4,9 +4,9 @@ import re
 import pytest
 
 from lowlevel import cluster as cluster_lib
-from lowlevel.cluster import (Cluster, ClusterFlags, Task, from_flags, from_tf_config,
-                              parse_hosts, resolve)
+from lowlevel.cluster import Cluster, ClusterFlags, Task, from_flags, parse_hosts
 from lowlevel.config import TrainConfig, UsageError, check_schedule
+from lowlevel.tf_config import from_tf_config, resolve
 
 
 def test_parse_hosts_keeps_order_and_strips_spaces():
@@ -193,3 +193,58 @@ def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
     c = server.session_config(one, Task("worker", 0), intra_op_threads=3)
     assert c.intra_op_parallelism_threads == 3 and list(c.device_filters) == [
         "/job:ps", "/job:worker/task:0"]
+
+
+# TF_CONFIG exactly as Kubeflow's training operator writes it (TFJob "run" in namespace "ml").
+OPERATOR_SPEC = {"chief": ["run-chief-0.ml.svc:2222"],
+                 "worker": ["run-worker-0.ml.svc:2222", "run-worker-1.ml.svc:2222"],
+                 "ps": ["run-ps-0.ml.svc:2222", "run-ps-1.ml.svc:2222"]}
+
+
+@pytest.mark.parametrize("with_evaluator", [True, False], ids=["current", "older_operator"])
+def test_operator_tf_config_with_environment_and_evaluator_in_or_out(with_evaluator):
+    spec = dict(OPERATOR_SPEC, **({"evaluator": ["run-evaluator-0.ml.svc:2222"]}
+                                  if with_evaluator else {}))
+    text = json.dumps({"cluster": spec, "task": {"type": "worker", "index": 1},
+                       "environment": "cloud"})
+    cluster, task = from_tf_config(text)
+    assert cluster.as_dict() == OPERATOR_SPEC and cluster.num_workers == 3
+    assert task == Task("worker", 1, chief_job=True) and task.replica_index == 2
+    _, evaluator = from_tf_config(json.dumps({"cluster": spec, "environment": "cloud",
+                                              "task": {"type": "evaluator", "index": 0}}))
+    assert evaluator == Task("evaluator", 0)
+
+
+def test_operator_sparse_cluster_of_a_worker_a_ps_and_an_evaluator():
+    ps = ["run-ps-0.ml.svc:2222", "run-ps-1.ml.svc:2222"]
+    worker = json.dumps({"sparseCluster": {"worker": {"1": "run-worker-1.ml.svc:2222"},
+                                           "ps": ps}, "task": {"type": "worker", "index": 1}})
+    cluster, task = from_tf_config(worker)
+    assert cluster.sparse and cluster.num_workers is None and cluster.num_ps == 2
+    assert cluster.as_dict() == {"ps": ps, "worker": {1: "run-worker-1.ml.svc:2222"}}
+    assert task == Task("worker", 1) and not task.is_chief and task.replica_index == 1
+    assert [t.name for t in cluster.training_tasks()] == ["worker1"]
+    ps1 = json.dumps({"sparseCluster": {"worker": {}, "ps": [ps[1]]},
+                      "task": {"type": "ps", "index": 1}})
+    cluster, task = from_tf_config(ps1)
+    assert cluster.as_dict() == {"ps": {1: ps[1]}} and task == Task("ps", 1)
+    assert cluster.hosts("ps")[1] == ps[1]
+    evaluator = json.dumps({"sparseCluster": {"worker": {}, "ps": []},
+                            "task": {"type": "evaluator", "index": 0}})
+    assert resolve(ClusterFlags(), evaluator) == (None, Task("evaluator", 0))
+    chief0 = json.dumps({"sparseCluster": {"worker": {"0": "run-worker-0.ml.svc:2222"},
+                                           "ps": ps}, "task": {"type": "worker", "index": 0}})
+    assert from_tf_config(chief0)[1].is_chief
+
+
+@pytest.mark.parametrize("spec,task,needle", [
+    ({"worker": {}, "ps": []}, {"type": "chief", "index": 0}, "use no Chief replica"),
+    ({"worker": {"0": "a:1"}, "ps": ["p:1"]}, {"type": "worker", "index": 1},
+     "sparseCluster.worker has no entry for this task (index 1)"),
+    ({"worker": {}, "ps": ["p:1", "q:1"]}, {"type": "ps", "index": 0}, "expected its own only"),
+    ({"worker": {"x": "a:1"}, "ps": ["p:1"]}, {"type": "worker", "index": 0},
+     "key 'x': expected a task index"),
+])
+def test_bad_sparse_cluster_names_what_is_wrong(spec, task, needle):
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        from_tf_config(json.dumps({"sparseCluster": spec, "task": task}))

@@ -71,7 +71,8 @@ def test_a_failing_task_stops_the_others_and_the_launcher_fails(tmp_path):
     result = _launch(out, "--dataset=mnist", f"--data_dir={tmp_path / 'missing'}",
                      timeout=100)
     assert result.returncode == 1, result.stdout[-3000:]
-    assert "exited with status 2; stopping the other tasks" in result.stdout
+    assert ("exited with status 1 (permanent failure); not restarting it; stopping the other "
+            "tasks") in result.stdout
     assert "no such directory" in result.stdout
     assert not clusters.leftovers(out)
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 import clusters
-from lowlevel.cluster import Cluster, from_tf_config
+from lowlevel.cluster import Cluster
+from lowlevel.tf_config import from_tf_config
 from lowlevel.tf_configs import make_tasks
 
 
