@@ -136,6 +136,11 @@ class TrainConfig:
     save_checkpoint_secs: Optional[float] = _field(
         60.0, "Checkpoint every this many seconds.", above=0)
     keep_checkpoint_max: int = _field(5, "Checkpoints to keep.", minimum=1)
+    max_checkpoint_failures: int = _field(
+        3, "Checkpoint saves in a row that may fail (a full or read-only --output_dir: one "
+        "line each, training goes on and the next interval retries) before the chief exits "
+        "1 (permanent: a restart would hit the same disk; free space, then rerun).",
+        minimum=1)
     log_every_secs: float = _field(2.0, "Seconds between progress lines.", above=0)
     # Resources and timeouts.
     worker_gpu: Optional[int] = _field(

@@ -27,6 +27,12 @@ and, per event (fields after the colon):
   since the previous one), `train_steps` (int).
 - `checkpoint_saved`: the chief saved a checkpoint: `path` (file name,
   "model.ckpt-<step>"), `emergency` (bool: saved from the signal thread).
+- `checkpoint_failed`: a checkpoint save failed (a full or read-only
+  `--output_dir`; `lowlevel.storage`): `directory` (str), `error` (str, the
+  OS error: "No space left on device (ENOSPC)"), `failures` (int, in a row),
+  `removed` (list of the partial files removed), `final` (bool: the save at
+  the end of training). Written only if the events file can still be
+  written (a full disk may have room for a line, not for a checkpoint).
 - `fault_noticed`: a session was lost (a task failed), an exchange with the
   ps failed, or a sync step waited `--sync_timeout_secs`: `error` (str),
   `missing` (sync only: list of "name at host:port").
@@ -55,6 +61,7 @@ EVENTS_DIR = "events"
 
 _lock = threading.Lock()
 _sink: Optional[dict] = None  # {"fd": int, "task": str} once `open_log` was called
+_failing = False  # the last write failed (a full or read-only disk): warned once
 
 
 def path(output_dir: str, task_name: str) -> str:
@@ -78,7 +85,12 @@ def open_log(output_dir: Optional[str], task_name: str) -> None:
 
 
 def emit(event: str, global_step: Optional[int] = None, **fields) -> None:
-    """Appends one record; does nothing before `open_log`. Never raises (a full disk is logged)."""
+    """Appends one record; does nothing before `open_log`. Never raises.
+
+    A write that fails (a full or read-only disk) is one warning line, and
+    another when writes work again; the records in between are lost.
+    """
+    global _failing
     with _lock:
         if _sink is None:
             return
@@ -87,8 +99,16 @@ def emit(event: str, global_step: Optional[int] = None, **fields) -> None:
         try:
             os.write(_sink["fd"], (json.dumps(record) + "\n").encode())
         except OSError as e:
+            if not _failing:
+                from absl import logging
+                logging.warning("could not write the %s event: %s; events are lost until "
+                                "writes work again", event, e)
+            _failing = True
+            return
+        if _failing:
             from absl import logging
-            logging.warning("could not write the %s event: %s", event, e)
+            logging.info("writing events works again")
+        _failing = False
 
 
 def read(file_path: str) -> list[dict]:

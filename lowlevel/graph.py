@@ -241,7 +241,8 @@ def _hooks(config, mode: _Mode, cluster, task, step: _Step, global_step, scaffol
                                           max(config.log_every_secs, 1.0), steps))
         checkpoint = hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
                                           config.save_checkpoint_steps,
-                                          config.save_checkpoint_secs)
+                                          config.save_checkpoint_secs,
+                                          config.max_checkpoint_failures)
     return shutdown.end_of_training_hooks(
         task, cluster, channel, training, checkpoint=checkpoint, final_eval=final_eval,
         timeout_secs=config.shutdown_timeout_secs, preempted=preempted)

@@ -22,7 +22,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import events
+from lowlevel import events, storage
 
 v1 = tf.compat.v1
 
@@ -58,11 +58,21 @@ class CheckpointHook(v1.train.SessionRunHook):
       output_dir: where `model.ckpt-<global step>` files go.
       steps: the training loop's `LoopState`.
       save_steps / save_secs: the cadence; steps win when both are given.
+      max_failures: saves in a row that may fail (full or read-only disk: one
+        line each, `storage.CheckpointSaves`) before the run ends with
+        `storage.StorageFailure`.
+
+    Attributes:
+      saves: the `storage.CheckpointSaves`; `saves.last_failed` after `end`
+        says whether the final checkpoint is missing.
     """
 
     def __init__(self, saver, output_dir: str, steps: LoopState,
-                 save_steps: Optional[int] = None, save_secs: Optional[float] = None):
+                 save_steps: Optional[int] = None, save_secs: Optional[float] = None,
+                 max_failures: int = 3):
         self._saver = saver
+        self.saves = storage.CheckpointSaves(output_dir, max_failures)
+        self._graph_writes = storage.Writes("the graph")
         self._output_dir = output_dir
         self._prefix = os.path.join(output_dir, "model.ckpt")
         self._steps = steps
@@ -79,10 +89,13 @@ class CheckpointHook(v1.train.SessionRunHook):
         if self._first_session:
             self._first_session = False
             graph = v1.get_default_graph()
-            tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._output_dir,
-                              "graph.pbtxt")
-            v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
-            self._save(session)
+
+            def write_graph():
+                tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._output_dir,
+                                  "graph.pbtxt")
+                v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
+            self._graph_writes.run(write_graph, self._output_dir)
+            self._save(session, step)
         self._timer.update_last_triggered_step(step)
 
     def due(self) -> bool:
@@ -92,15 +105,19 @@ class CheckpointHook(v1.train.SessionRunHook):
     def before_run(self, run_context):
         if self.due():
             self._timer.update_last_triggered_step(self._steps.value)
-            self._save(run_context.session)
+            self._save(run_context.session, self._steps.value)
 
     def end(self, session):
         # Always: a save at this same step may predate the other workers' last
         # updates (in the communication-reduced mode, their last exchanges).
-        self._save(session)
+        self._save(session, self._steps.value, final=True)
 
-    def _save(self, session) -> None:
-        path = self._saver.save(session, self._prefix, global_step=self._global_step)
+    def _save(self, session, step: int, final: bool = False) -> None:
+        path = self.saves.save(
+            lambda: self._saver.save(session, self._prefix, global_step=self._global_step),
+            step, final)
+        if path is None:
+            return
         logging.info("saved %s", os.path.basename(path))
         events.emit("checkpoint_saved", int(path.rpartition("-")[2]),
                     path=os.path.basename(path), emergency=False)
@@ -114,6 +131,7 @@ class SummaryHook(v1.train.SessionRunHook):
         self._every_secs = every_secs
         self._state = state
         self._next = 0.0
+        self._writes = storage.Writes("summaries")
 
     def begin(self):
         self._summary = v1.summary.merge_all()
@@ -131,8 +149,8 @@ class SummaryHook(v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         if run_values.results:
-            v1.summary.FileWriterCache.get(self._output_dir).add_summary(
-                run_values.results["summary"], run_values.results["step"])
+            self._writes.run(lambda: v1.summary.FileWriterCache.get(self._output_dir).add_summary(
+                run_values.results["summary"], run_values.results["step"]), self._output_dir)
 
 
 class SyncReplicasHook(v1.train.SessionRunHook):

@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import checkpoints, events, files, loop, probes, sessions
+from lowlevel import checkpoints, events, files, hooks, loop, probes, sessions, storage
 from lowlevel.graph import TrainGraph, build
 from lowlevel.cluster import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
@@ -97,7 +97,9 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                          else "last step done")
             if not preempted.is_set():
                 events.emit("done", g.steps.value, local_steps=g.progress.local_steps)
-        v1.summary.FileWriterCache.clear()  # flush and close the summary writers
+        # Flush and close the summary writers (a full disk fails here too: a line).
+        storage.Writes("summaries").run(v1.summary.FileWriterCache.clear,
+                                        config.output_dir or "")
         if preempted.is_set():
             saved = checkpoints.latest(config.output_dir) if task.is_chief else None
             logging.info("%s: preempted at global step %s%s; exiting", task.name,
@@ -112,11 +114,19 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                      task.name, g.progress.end_step, g.progress.local_steps)
         metrics = _final_metrics(config, cluster, g, time.monotonic() - started)
         if config.output_dir:
-            files.write_json(os.path.join(config.output_dir, "tasks", f"{task.name}.json"),
-                             dict(task=task.name, **g.progress.task_record()))
+            task_file = os.path.join(config.output_dir, "tasks", f"{task.name}.json")
+            storage.Writes("step times").run(lambda: files.write_json(
+                task_file, dict(task=task.name, **g.progress.task_record())), task_file)
             if task.is_chief:
-                files.write_json(os.path.join(config.output_dir, "final_metrics.json"),
-                                 metrics)
+                metrics_file = os.path.join(config.output_dir, "final_metrics.json")
+                storage.Writes("the final metrics").run(
+                    lambda: files.write_json(metrics_file, metrics), metrics_file)
+        saves = next((h.saves for h in g.hooks if isinstance(h, hooks.CheckpointHook)), None)
+        if saves is not None and saves.last_failed:
+            raise storage.StorageFailure(
+                f"the final checkpoint (global step {g.progress.end_step}) could not be saved "
+                f"in {config.output_dir}; free space or make it writable, then run the same "
+                "command again: it resumes from the newest checkpoint")
     return metrics if task.is_chief else None
 
 
