@@ -4,7 +4,10 @@
     python -m lowlevel.launch --num_workers=3 --sync --train_steps=3000
     python -m lowlevel.launch --evaluator     # plus an evaluator (continuous_eval)
 
-Each task is a `python -m lowlevel.trainer` process on a free loopback port;
+Each task is a `python -m lowlevel.trainer` process on a free loopback port,
+by default inside a private network namespace with only loopback
+(`lowlevel.isolation`; `--no_isolation` to opt out): no other host or process
+can connect to a task's server, which would run any graph it is sent;
 every trainer flag given here is passed on to every task. Output is prefixed
 with the task's name (`[ps0]`, `[worker1]`); on a terminal one live progress
 line shows the chief's global step, rate and loss.
@@ -39,7 +42,7 @@ from typing import Optional
 import portpicker
 from absl import app, flags
 
-from lowlevel import events, exit_codes, lifetime
+from lowlevel import events, exit_codes, isolation, lifetime
 from lowlevel import trainer  # defines the trainer flags passed on
 from lowlevel.config import UsageError, exit_status_main
 
@@ -54,6 +57,11 @@ flags.DEFINE_integer("max_restarts", 0, "Restart a task that ends with a retryab
                      "same flags, up to this many times per task (as Kubernetes' "
                      "restartPolicy: ExitCode would); 0: any task that fails fails the run. "
                      "Statuses 1-127 (permanent failure, usage error) are never restarted.")
+flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own network. "
+                     "By default they run in a private network namespace with only loopback "
+                     "(root, or a user namespace where the OS allows it), so no other host, "
+                     "namespace or process outside the launcher can reach their servers "
+                     "(which run any graph sent to them, with no authentication).")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
@@ -281,10 +289,20 @@ def main(argv) -> int:
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     trainer.ensure_writable(output_dir)
+    where = "on localhost"
+    if not FLAGS.no_isolation:  # before any thread or port: the tasks inherit the namespace
+        how, why = isolation.confine()
+        if how is None:
+            print(f"launch: warning: no private network namespace ({why}); the tasks' "
+                  "servers listen on every interface of this machine with no authentication "
+                  "(--no_isolation silences this)", flush=True)
+        else:
+            where = (f"on localhost in a {how}: loopback only, unreachable from outside "
+                     "(--no_isolation to opt out)")
     commands = task_commands(FLAGS.num_ps, FLAGS.num_workers, os.path.abspath(output_dir),
                              extra, evaluator=FLAGS.evaluator)
     print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers"
-          f"{' + evaluator' if FLAGS.evaluator else ''} on localhost; "
+          f"{' + evaluator' if FLAGS.evaluator else ''} {where}; "
           f"output in {output_dir}", flush=True)
     started = time.monotonic()
     sup = Supervisor(commands, max_restarts=FLAGS.max_restarts)
