@@ -21,3 +21,26 @@ def ports():
         return [portpicker.pick_unused_port() for _ in range(n)]
 
     return pick
+
+
+@pytest.fixture
+def hosts_factory():
+    """Makes `netns.Hosts` (`make({host: [names]})`); removes them after the test.
+
+    Skips where namespaces cannot be made (not root, no iproute2).
+    """
+    from lowlevel import netns
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    made = []
+
+    def make(hosts):
+        made.append(netns.Hosts(hosts))
+        return made[-1]
+
+    yield make
+    for hosts in made:
+        hosts.close()
+    assert not [n for n in netns.leftovers() if any(n.startswith(ns) for h in made
+                                                    for ns in h.namespaces.values())]

@@ -148,26 +148,6 @@ def test_generator_usage_errors(flags, needle):
     assert needle in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.fixture
-def hosts_factory():
-    """Makes `netns.Hosts`; removes them after the test (skips where namespaces cannot be made)."""
-    from lowlevel import netns
-    reason = netns.unavailable()
-    if reason:
-        pytest.skip(reason)
-    made = []
-
-    def make(hosts):
-        made.append(netns.Hosts(hosts))
-        return made[-1]
-
-    yield make
-    for hosts in made:
-        hosts.close()
-    assert not [n for n in netns.leftovers() if any(n.startswith(ns) for h in made
-                                                    for ns in h.namespaces.values())]
-
-
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("layout", ["chief_job", "sparse"])
 def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_factory, layout):
