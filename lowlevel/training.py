@@ -62,6 +62,8 @@ class TrainGraph:
     final_eval: Optional[evaluation.FinalEvalHook]
     examples_per_step: int
     steps: hooks.LoopState  # the global step as the loop last saw it
+    saved: dict  # the saver's {name in checkpoints: variable or shards}
+    optimizer_names: set  # the names of `saved` that are optimizer state
 
 
 def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -141,12 +143,22 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             shutdown = server_lib.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", loss)
         v1.summary.scalar("accuracy", accuracy)
+        local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(),
+                              iter_init)
+        state = local_ops.state if local_ops else None
+        if state:  # the optimizer's local state starts from its twins on the ps
+            with tf.control_dependencies([local_init]):
+                local_init = tf.group(state.load_state)
+        # Every mode saves the same names: a checkpoint resumes in any mode.
+        saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
+                                        state.names if state else None)
         scaffold = v1.train.Scaffold(
-            local_init_op=tf.group(v1.local_variables_initializer(),
-                                   v1.tables_initializer(), iter_init),
-            local_init_feed_dict=feed,
-            saver=v1.train.Saver(sharded=True, max_to_keep=config.keep_checkpoint_max,
-                                 save_relative_paths=True))
+            local_init_op=local_init, local_init_feed_dict=feed,
+            saver=checkpoints.StateSaver(saved, state.save_state if state else None,
+                                         sharded=True, max_to_keep=config.keep_checkpoint_max,
+                                         save_relative_paths=True))
+        model_names = checkpoints.saved_names(v1.trainable_variables())
+        optimizer_names = set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
 
         examples_per_step = config.batch_size * (replicas if sync else 1)
         summary_dir = config.output_dir if task.is_chief else None
@@ -183,7 +195,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         elif done:
             run_hooks.append(done)
     return TrainGraph(graph, train_op, local_ops, loss, global_step, scaffold, run_hooks,
-                      progress, final_eval, examples_per_step, steps)
+                      progress, final_eval, examples_per_step, steps, saved, optimizer_names)
 
 
 def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -220,9 +232,13 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     preempted = preemption.requested if preemption else threading.Event()
     g = build(config, data, cluster, task, worker_gpu, preempted)
     newest = checkpoints.newest_readable(config.output_dir)
-    checkpoints.check_compatible(config.output_dir,
-                                 g.graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
-                                 newest[0] if newest else None)
+    path = checkpoints.check_compatible(config.output_dir, g.saved, newest[0] if newest else None,
+                                        optional=g.optimizer_names)
+    partial = None
+    if path and task.is_chief and checkpoints.missing_names(path, g.saved):
+        with g.graph.as_default():
+            partial = checkpoints.PartialRestore(path, g.saved,
+                                                 checkpoints.missing_names(path, g.saved))
     master = server.target if server else ""
     wait_for_cluster = cluster_alive = None
     if cluster:
@@ -240,7 +256,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         if task.is_chief:
             creator = sessions.ChiefSessionCreator(g.scaffold, master, session_config,
                                                 config.output_dir, wait_for_cluster,
-                                                cluster_alive)
+                                                cluster_alive, partial)
         else:
             creator = sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                                  config.startup_timeout_secs, wait_for_cluster,
