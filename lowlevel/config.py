@@ -97,6 +97,10 @@ class TrainConfig:
       communication_period: local steps each worker takes between exchanges
         with the ps (`lowlevel.local_sgd`: async, or with `sync` synchronous
         model averaging); 1 is the exact mode. No effect in-process.
+      keep_exports: SavedModel exports kept in `<output_dir>/export/` (the
+        newest, by global step); 0 writes none (`lowlevel.export`).
+      export_every_checkpoint: the evaluator exports each checkpoint it
+        evaluates (the chief exports the final one in any case).
     """
 
     model: str = "mlp"
@@ -124,6 +128,8 @@ class TrainConfig:
     sync_timeout_secs: float = 30.0
     warmup_steps: int = 20
     communication_period: int = 1
+    keep_exports: int = 5
+    export_every_checkpoint: bool = False
 
     @property
     def lr(self) -> float:
@@ -165,6 +171,8 @@ class TrainConfig:
                     f"--replicas_to_aggregate={self.replicas_to_aggregate}: expected 1 to "
                     f"{num_workers}, the number of workers")
         _positive("communication_period", self.communication_period)
+        if self.keep_exports < 0:
+            raise UsageError(f"--keep_exports={self.keep_exports}: expected 0 (no export) or more")
         if self.warmup_steps < 0:
             raise UsageError(f"--warmup_steps={self.warmup_steps}: expected 0 or more")
         for name in ("startup_timeout_secs", "shutdown_timeout_secs", "eval_timeout_secs",

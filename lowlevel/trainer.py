@@ -83,6 +83,11 @@ flags.DEFINE_integer("save_checkpoint_steps", None, "Checkpoint every this many 
                      "steps (overrides --save_checkpoint_secs).")
 flags.DEFINE_float("save_checkpoint_secs", 60.0, "Checkpoint every this many seconds.")
 flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints to keep.")
+flags.DEFINE_integer("keep_exports", 5, "SavedModel exports kept in <output_dir>/export/"
+                     "<global_step>/ (the newest); the chief exports the final model; 0: "
+                     "no export. Score one with python -m lowlevel.predict.")
+flags.DEFINE_boolean("export_every_checkpoint", False, "The evaluator also exports each "
+                     "checkpoint it evaluates to <output_dir>/export/<global_step>/.")
 flags.DEFINE_float("log_every_secs", 2.0, "Seconds between progress lines.")
 # Resources and timeouts.
 flags.DEFINE_integer("worker_gpu", None, "GPUs per worker (worker I computes on GPU I mod "
@@ -136,7 +141,8 @@ def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
         startup_timeout_secs=FLAGS.startup_timeout_secs,
         eval_timeout_secs=FLAGS.eval_timeout_secs,
         sync_timeout_secs=FLAGS.sync_timeout_secs, warmup_steps=FLAGS.warmup_steps,
-        communication_period=FLAGS.communication_period,
+        communication_period=FLAGS.communication_period, keep_exports=FLAGS.keep_exports,
+        export_every_checkpoint=FLAGS.export_every_checkpoint,
     ).validate(num_workers)
 
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, loop, models,
+from lowlevel import (checkpoints, evaluation, exact, export, hooks, local_sgd, loop, models,
                       placement, sessions)
 from lowlevel import server as server_lib
 from lowlevel.cluster import Cluster, Task
@@ -213,7 +213,9 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     global_step, start_global_step, accuracy, loss (test split),
     train_examples_per_sec (all workers), wall_seconds (from building the
     graph to the end of the final evaluation and shutdown handshake), num_ps,
-    num_workers, sync, model, dataset, batch_size. Every training task also
+    num_workers, sync, model, dataset, batch_size, and export_dir (the
+    SavedModel of the final checkpoint, `lowlevel.export`; unless
+    --keep_exports=0). Every training task also
     writes its own step times to `<output_dir>/tasks/<task>.json`
     (`ProgressHook.task_record`).
 
@@ -298,6 +300,11 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         _write_json(config.output_dir, os.path.join("tasks", f"{task.name}.json"),
                     dict(task=task.name, **g.progress.task_record()))
         metrics = _final_metrics(config, cluster, g, time.monotonic() - started)
+        if task.is_chief and config.output_dir and config.keep_exports:
+            # After the session: from the final checkpoint, in a fresh graph.
+            metrics["export_dir"] = export.export(
+                checkpoints.latest(config.output_dir), export.export_base(config.output_dir),
+                config, data, config.keep_exports)
         if task.is_chief:
             _write_json(config.output_dir, "final_metrics.json", metrics)
     return metrics if task.is_chief else None
