@@ -1,0 +1,154 @@
+"""The SavedModel export of a real 1 ps + 2 worker run (with an evaluator exporting each
+checkpoint it evaluates), loaded by plain TensorFlow in a fresh process, shown by
+saved_model_cli, scored by `python -m lowlevel.predict`."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import clusters
+from lowlevel import data as data_lib
+
+TRAIN_STEPS = 600
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished run: (output_dir, final metrics, launcher output)."""
+    out = tmp_path_factory.mktemp("export_run") / "out"
+    argv = [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", "--evaluator",
+            "--export_every_checkpoint", "--keep_exports=2", f"--train_steps={TRAIN_STEPS}",
+            "--save_checkpoint_steps=200", "--log_every_secs=1"]
+    result = subprocess.run(argv, cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not clusters.leftovers(out)
+    return str(out), clusters.final_metrics(out), result.stdout
+
+
+def _predict(*flags, timeout=120):
+    return subprocess.run([sys.executable, "-m", "lowlevel.predict", *flags],
+                          cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_export_is_complete_numbered_and_pruned(run):
+    out, metrics, stdout = run
+    final = os.path.join(out, "export", str(TRAIN_STEPS))
+    assert metrics["export_dir"] == final and metrics["global_step"] == TRAIN_STEPS
+    names = os.listdir(os.path.join(out, "export"))
+    assert all(n.isdigit() for n in names), names  # no temporary left behind
+    assert str(TRAIN_STEPS) in names and len(names) <= 2, names  # --keep_exports=2
+    for name in names:
+        assert os.path.isfile(os.path.join(out, "export", name, "saved_model.pb"))
+        assert os.path.isdir(os.path.join(out, "export", name, "variables"))
+    with open(os.path.join(final, "assets.extra", "lowlevel_export.json")) as f:
+        meta = json.load(f)
+    assert meta["global_step"] == TRAIN_STEPS and meta["dataset"] == "digits"
+    assert meta["image_shape"] == [8, 8, 1] and meta["max_value"] == 16
+    # The evaluator exported what it evaluated (--export_every_checkpoint).
+    evaluator = [line for line in stdout.splitlines() if line.startswith("[evaluator0]")]
+    assert any("exported model.ckpt-" in line for line in evaluator), "\n".join(evaluator)
+
+
+@pytest.mark.timeout(300)
+def test_plain_tensorflow_loads_the_export_at_the_chiefs_accuracy(run, tmp_path):
+    out, metrics, _ = run
+    test = data_lib.load_digits().test
+    np.savez(tmp_path / "test.npz", images=test.images.astype(np.float32),
+             labels=test.labels)
+    script = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        import tensorflow as tf
+        split = np.load({str(tmp_path / 'test.npz')!r})
+        model = tf.saved_model.load({metrics['export_dir']!r})
+        serve = model.signatures["serving_default"]
+        out = serve(images=tf.constant(split["images"]))
+        p, c = out["probabilities"].numpy(), out["classes"].numpy()
+        assert p.dtype == np.float32 and p.shape == (len(c), 10), (p.dtype, p.shape)
+        assert c.dtype == np.int64 and np.allclose(p.sum(axis=1), 1, atol=1e-5)
+        print(json.dumps({{"accuracy": float(np.mean(c == split["labels"])),
+                          "lowlevel": any(m.startswith("lowlevel") for m in sys.modules)}}))
+    """)
+    # A fresh process that cannot import lowlevel: not on its path, run elsewhere.
+    env = {k: v for k, v in clusters.ENV.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded["lowlevel"] is False
+    assert abs(loaded["accuracy"] - metrics["accuracy"]) <= 0.005, (loaded, metrics)
+    assert metrics["accuracy"] >= 0.9
+
+
+@pytest.mark.timeout(120)
+def test_saved_model_cli_lists_the_signature(run):
+    _, metrics, _ = run
+    cli = shutil.which("saved_model_cli", path=os.path.dirname(sys.executable))
+    assert cli, "saved_model_cli is installed with tensorflow"
+    result = subprocess.run([cli, "show", "--all", "--dir", metrics["export_dir"]],
+                            capture_output=True, text=True, timeout=100)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert "signature_def['serving_default']" in text
+    assert "inputs['images']" in text and "shape: (-1, 8, 8, 1)" in text
+    assert "outputs['probabilities']" in text and "shape: (-1, 10)" in text
+    assert "outputs['classes']" in text and "DT_INT64" in text
+
+
+@pytest.mark.timeout(200)
+def test_predict_scores_the_test_split_and_files(run, tmp_path):
+    out, metrics, _ = run
+    # The test split of the run's data set, from the run's output_dir (newest export).
+    result = _predict(f"--export_dir={out}", f"--output={tmp_path / 'test.csv'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["global_step"] == TRAIN_STEPS and report["num_examples"] == 360
+    assert abs(report["accuracy"] - metrics["accuracy"]) <= 0.005, (report, metrics)
+    rows = (tmp_path / "test.csv").read_text().splitlines()
+    assert rows[0].startswith("class,probability,p0,") and rows[0].endswith(",label")
+    assert len(rows) == 361
+    # A file of inputs: the same images, flat, as CSV; and as .npy [N, H, W].
+    test = data_lib.load_digits().test
+    flat = test.images.reshape(len(test), -1)
+    np.savetxt(tmp_path / "in.csv", flat[:50], fmt="%d", delimiter=",")
+    np.save(tmp_path / "in.npy", test.images[:50, :, :, 0])
+    classes = {}
+    for name in ("in.csv", "in.npy"):
+        result = _predict(f"--export_dir={metrics['export_dir']}",
+                          f"--input={tmp_path / name}", f"--output={tmp_path / name}.out")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert json.loads(result.stdout.strip().splitlines()[-1])["num_examples"] == 50
+        lines = (tmp_path / f"{name}.out").read_text().splitlines()[1:]
+        classes[name] = [int(line.split(",")[0]) for line in lines]
+    assert classes["in.csv"] == classes["in.npy"]
+    expected = [int(line.split(",")[0]) for line in rows[1:51]]
+    assert classes["in.csv"] == expected
+
+
+@pytest.mark.timeout(200)
+def test_predict_wrong_input_is_one_line_and_status_2(run, tmp_path):
+    _, metrics, _ = run
+    np.save(tmp_path / "shape.npy", np.zeros((4, 5, 5), np.float32))
+    np.save(tmp_path / "dtype.npy", np.array([["x"] * 64] * 2))
+    (tmp_path / "ragged.csv").write_text("1,2,3\n4,5\n")
+    cases = {"shape.npy": "images of shape [4, 5, 5]; expected [N, 8, 8, 1]",
+             "dtype.npy": "images of dtype <U1; expected numbers",
+             "ragged.csv": "lines of [2, 3] values"}
+    for name, needle in cases.items():
+        result = _predict(f"--export_dir={metrics['export_dir']}",
+                          f"--input={tmp_path / name}", f"--output={tmp_path / 'x.csv'}")
+        assert result.returncode == 2, (name, result.stderr[-2000:])
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("lowlevel.predict: error: --input="), \
+            result.stderr
+        assert needle in lines[0], lines[0]
+        assert not (tmp_path / "x.csv").exists()
