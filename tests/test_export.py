@@ -152,3 +152,44 @@ def test_predict_wrong_input_is_one_line_and_status_2(run, tmp_path):
             result.stderr
         assert needle in lines[0], lines[0]
         assert not (tmp_path / "x.csv").exists()
+
+
+def _checkpoints(directory, steps):
+    """Checkpoints of the digits MLP (as training writes them) at `steps`; their paths."""
+    import tensorflow as tf
+
+    from lowlevel import models
+    v1 = tf.compat.v1
+    paths = []
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        models.build("mlp", tf.zeros([1, 8, 8, 1]), 10, (128, 128))
+        saver = v1.train.Saver()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for s in steps:
+                sess.run(step.assign(s))
+                paths.append(saver.save(sess, os.path.join(directory, "model.ckpt"),
+                                        global_step=s))
+    return paths
+
+
+@pytest.mark.timeout(120)
+def test_export_keeps_the_newest_and_leaves_nothing_half_written(tmp_path):
+    from lowlevel import checkpoints, export
+    from lowlevel.config import TrainConfig
+    digits = data_lib.load_digits()
+    paths = _checkpoints(str(tmp_path), [10, 20, 30])
+    base = str(tmp_path / "export")
+    for path in paths:
+        export.export(path, base, TrainConfig(), digits, keep=2)
+    assert sorted(os.listdir(base)) == ["20", "30"]
+    before = os.stat(os.path.join(base, "30", "saved_model.pb")).st_mtime_ns
+    assert export.export(paths[-1], base, TrainConfig(), digits, keep=2) == \
+        os.path.join(base, "30")  # already there: left as it is
+    assert os.stat(os.path.join(base, "30", "saved_model.pb")).st_mtime_ns == before
+    shutil.rmtree(os.path.join(base, "30"))
+    with pytest.raises(checkpoints.CheckpointMismatch):  # fails half-way: nothing is left
+        export.export(paths[-1], base, TrainConfig(model="cnn"), digits, keep=2)
+    assert sorted(os.listdir(base)) == ["20"]
+    assert export.exports(base) == [os.path.join(base, "20")]
