@@ -101,6 +101,23 @@ def export(checkpoint_path: str, base: str, config: TrainConfig, data: data_lib.
     return target
 
 
+def ensure_exported(checkpoint_path: str, step: int, config: TrainConfig) -> Optional[str]:
+    """For a finished run: exports its final checkpoint unless `export/<step>/` exists.
+
+    A run restarted after its end (or one from before exports, or whose
+    export failed) gets its export this way. Loads the data set only when
+    there is something to export. Returns the export's directory, or None
+    with `--keep_exports=0`.
+    """
+    if not config.keep_exports or not config.output_dir:
+        return None
+    base = export_base(config.output_dir)
+    if os.path.isdir(os.path.join(base, str(step))):
+        return os.path.join(base, str(step))
+    data = data_lib.load(config.dataset, config.data_dir)
+    return export(checkpoint_path, base, config, data, config.keep_exports)
+
+
 def exports(base: str) -> list[str]:
     """The complete exports in `base`, oldest (lowest global step) first."""
     if not os.path.isdir(base):

@@ -193,3 +193,23 @@ def test_export_keeps_the_newest_and_leaves_nothing_half_written(tmp_path):
         export.export(paths[-1], base, TrainConfig(model="cnn"), digits, keep=2)
     assert sorted(os.listdir(base)) == ["20"]
     assert export.exports(base) == [os.path.join(base, "20")]
+
+
+@pytest.mark.timeout(200)
+def test_a_finished_run_without_an_export_gets_one_when_restarted(tmp_path):
+    out = tmp_path / "out"
+
+    def trainer(*flags):
+        return subprocess.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
+                               "--train_steps=50", *flags], cwd=clusters.ROOT,
+                              env=clusters.ENV, capture_output=True, text=True, timeout=120)
+
+    first = trainer("--keep_exports=0")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (out / "export").exists() and "export_dir" not in clusters.final_metrics(out)
+    again = trainer()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to train" in again.stderr
+    metrics = json.loads(again.stdout.strip().splitlines()[-1])
+    assert metrics["export_dir"] == str(out / "export" / "50")
+    assert os.path.isfile(out / "export" / "50" / "saved_model.pb")
