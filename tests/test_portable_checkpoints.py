@@ -1,7 +1,7 @@
 """Checkpoints are portable: every mode saves the same names; a checkpoint of any mode,
 cluster shape or process resumes in any other (real clusters, one output_dir)."""
 
-import json
+import gc
 import os
 import subprocess
 import sys
@@ -29,10 +29,22 @@ GRAPH_MODES = [
 
 
 def _saved_shapes(optimizer, cluster, period, sync):
+    """({name: shape} the chief's saver writes, whether the first kernel is sharded)."""
     config = TrainConfig(optimizer=optimizer, communication_period=period, sync=sync,
                          hidden_units=(2000, 32))  # 2000: sharded over 2 ps
     g = training.build(config, data_lib.load_digits(), cluster, Task("worker", 0), 0)
-    return {name: shape for name, (shape, _) in checkpoints._logical(g.saved).items()}, g
+    shapes = {name: shape for name, (shape, _) in checkpoints._logical(g.saved).items()}
+    sharded = isinstance(g.saved["model/hidden0/kernel"], list)
+    # SyncReplicasOptimizer makes a ready op that a graph never run leaves unused, which
+    # tf_should_use reports (a page of ERROR lines) when it is collected: collect it now.
+    logger, level = tf.get_logger(), tf.get_logger().level
+    logger.setLevel("CRITICAL")
+    try:
+        del g
+        gc.collect()
+    finally:
+        logger.setLevel(level)
+    return shapes, sharded
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
@@ -40,10 +52,10 @@ def test_every_mode_saves_the_same_names_and_shapes(optimizer):
     reference, _ = _saved_shapes(optimizer, None, 1, False)
     assert "model/hidden0/kernel" in reference and "global_step" in reference
     for name, cluster, period, sync in GRAPH_MODES[1:]:
-        shapes, g = _saved_shapes(optimizer, cluster, period, sync)
+        shapes, sharded = _saved_shapes(optimizer, cluster, period, sync)
         assert shapes == reference, name
         if name == "exact_2ps":  # the big kernel really is sharded, and its slots too
-            assert isinstance(g.saved["model/hidden0/kernel"], list)
+            assert sharded
     if optimizer != "sgd":
         assert any(n.startswith("model/hidden0/kernel/") for n in reference), reference
 
