@@ -15,8 +15,10 @@ import dataclasses
 import sys
 from typing import Callable, Optional
 
-MODELS = ("softmax", "mlp", "cnn")
-DATASETS = ("digits", "mnist", "synthetic")
+MODELS = ("softmax", "mlp", "cnn", "wide_deep")
+DATASETS = ("digits", "mnist", "synthetic", "movielens", "synthetic_ctr")
+# The data sets of the click-through model (`lowlevel.ctr_data`); the others are images.
+CTR_DATASETS = ("movielens", "synthetic_ctr")
 OPTIMIZERS = ("adagrad", "sgd", "momentum", "adam")
 
 # What a task does (`--schedule`), as in tensor2tensor, and which jobs may do it;
@@ -109,10 +111,21 @@ class TrainConfig:
         "convolutions uses the first).")
     dataset: str = _field(
         "digits", "Data set. digits is scikit-learn's bundled 8x8 handwritten digits (no "
-        "download); synthetic is learnable random data of MNIST shape.", choices=DATASETS)
+        "download); synthetic is learnable random data of MNIST shape; movielens (MovieLens "
+        "100K ratings, label rating >= 4; scripts/get_movielens fetches it) and synthetic_ctr "
+        "(Criteo-shaped clicks) are for --model=wide_deep.", choices=DATASETS)
     data_dir: Optional[str] = _field(
         None, "Directory with mnist.npz or the four MNIST IDX files (.gz or not); default: "
-        "Keras' cache.")
+        "Keras' cache. movielens: u.data/u.user/u.item or RecBole's ml-100k.inter/.user/.item; "
+        "default ./data/ml-100k.")
+    embedding_dim: int = _field(16, "wide_deep: width of each categorical field's embedding.",
+                                minimum=1)
+    hash_buckets: int = _field(
+        10000, "wide_deep: rows of the tables of hashed features (MovieLens' zip prefix, the "
+        "crosses of the wide part).", minimum=1)
+    vocab_size: int = _field(
+        100000, "synthetic_ctr: table rows over all 26 categorical fields, spread with Criteo's "
+        "skew (10000000 x --embedding_dim=16 is 640 MB of table).", minimum=26)
     # Optimisation.
     optimizer: str = _field("adagrad", "Optimizer.", choices=OPTIMIZERS)
     learning_rate: Optional[float] = _field(
@@ -191,6 +204,11 @@ class TrainConfig:
             raise UsageError(
                 f"--hidden_units={','.join(map(str, self.hidden_units))}: expected "
                 "a comma-separated list of positive layer widths, e.g. 128,128")
+        ctr = self.dataset in CTR_DATASETS
+        if ctr != (self.model == "wide_deep"):
+            raise UsageError(
+                f"--model={self.model} --dataset={self.dataset}: the wide_deep model trains on "
+                f"{' or '.join(CTR_DATASETS)} and the image models on the others")
         if self.replicas_to_aggregate is not None and num_workers is not None:
             if not 1 <= self.replicas_to_aggregate <= num_workers:
                 raise UsageError(
