@@ -43,7 +43,7 @@ def build(name: str, images, num_classes: int, hidden_units: Sequence[int], seed
 
 def for_config(config, data, partitioner=None):
     """`inputs -> logits` of `config`'s model (a `TrainConfig`) on `data` (its input's shape)."""
-    sparse = (wide_deep.Spec.of(data, config.embedding_dim) if config.model == "wide_deep"
+    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2) if config.model == "wide_deep"
               else None)
     return lambda inputs: build(config.model, inputs, data.num_classes, config.hidden_units,
                                 config.seed, partitioner, sparse)

@@ -27,6 +27,23 @@ from lowlevel import embeddings
 v1 = tf.compat.v1
 
 
+def _l2_rows(rows, weight: float):
+    """Identity on looked-up rows `[B, d]` whose gradient adds `weight / B * rows`.
+
+    That is the gradient of an L2 penalty `weight / 2 * mean_b ||rows_b||^2`
+    (frequency-weighted, on the rows a batch touches: the gradient stays sparse).
+    """
+    if not weight:
+        return rows
+
+    @tf.custom_gradient
+    def penalised(x):
+        def grad(dy):
+            return dy + weight / tf.cast(tf.shape(x)[0], x.dtype) * x
+        return tf.identity(x), grad
+    return penalised(rows)
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """The shape of the sparse input: rows per categorical field, crosses, embedding width."""
@@ -35,11 +52,12 @@ class Spec:
     num_crosses: int
     hash_buckets: int
     embedding_dim: int
+    l2: float = 0.0  # L2 weight on the embedding rows a batch touches (`_l2_rows`)
 
     @classmethod
-    def of(cls, data, embedding_dim: int) -> "Spec":
+    def of(cls, data, embedding_dim: int, l2: float = 0.0) -> "Spec":
         return cls(tuple(data.field_sizes), len(data.cross_names), data.hash_buckets,
-                   embedding_dim)
+                   embedding_dim, l2)
 
 
 def logits(features: dict, spec: Spec, hidden_units, seed: int, dense_layer):
@@ -59,7 +77,7 @@ def logits(features: dict, spec: Spec, hidden_units, seed: int, dense_layer):
         for f, rows in enumerate(spec.field_sizes):
             t = embeddings.table(f"embedding{f}", rows, spec.embedding_dim,
                                  1.0 / math.sqrt(spec.embedding_dim), seed + 200 + f)
-            deep_inputs.append(embeddings.lookup(t, categorical[:, f]))
+            deep_inputs.append(_l2_rows(embeddings.lookup(t, categorical[:, f]), spec.l2))
         x = tf.concat(deep_inputs, axis=1)
         for i, units in enumerate(hidden_units):
             x = dense_layer(x, units, f"hidden{i}", seed + 300 + i, tf.nn.relu)
