@@ -115,8 +115,8 @@ class TrainConfig:
     # Model and data.
     model: str = _field("mlp", "Model.", choices=MODELS)
     hidden_units: tuple[int, ...] = _field(
-        (128, 128), "Hidden layer widths (mlp and wide_deep's deep part: every layer; cnn: the dense "
-        "layer after the convolutions uses the first; --dataset=movielens: 64).")
+        (128, 128), "Hidden layer widths (mlp and wide_deep's deep part: every layer; cnn: "
+        "the dense layer after the convolutions uses the first; --dataset=movielens: 64).")
     dataset: str = _field(
         "digits", "Data set. digits is scikit-learn's bundled 8x8 handwritten digits (no "
         "download); synthetic is learnable random data of MNIST shape; movielens (MovieLens "

@@ -18,7 +18,7 @@ and `label` int64 `[N]` in {0, 1}.
   first genre. Label: rating >= 4.
 - `synthetic_ctr`: Criteo's shape (13 dense, 26 categorical fields). The
   `vocab_size` rows are spread over the fields in proportion to the
-  cardinalities of Criteo's Kaggle set (three fields hold 85 % of them),
+  cardinalities of Criteo's Kaggle set (three fields hold three quarters of them),
   each at least 2. Ids are Zipf-distributed (exponent 1.1), then scrambled
   over the field's rows (so the hot rows are not all in the first shard).
   Labels come from a hidden logistic model (a pseudo-random weight per id,
@@ -151,7 +151,7 @@ def criteo_field_sizes(vocab_size: int) -> tuple[int, ...]:
     """`vocab_size` rows over 26 fields in proportion to Criteo's cardinalities, each >= 2."""
     total = sum(CRITEO_CARDINALITIES)
     sizes = [max(2, int(vocab_size * c / total)) for c in CRITEO_CARDINALITIES]
-    sizes[2] += max(0, vocab_size - sum(sizes))  # the rounding's rest to the largest field
+    sizes[2] += vocab_size - sum(sizes)  # the rounding's rest (either sign): the largest field
     return tuple(sizes)
 
 
@@ -162,8 +162,7 @@ def synthetic_ctr(vocab_size: int, hash_buckets: int, num_train: int = 65536,
     sizes = np.array(criteo_field_sizes(vocab_size), dtype=np.int64)
     n = num_train + num_test
     ranks = np.minimum(rng.zipf(ZIPF_EXPONENT, size=(n, len(sizes))) - 1, 2**40)
-    # Scramble ranks over the rows: a multiplicative hash, a bijection mod a prime-free size
-    # is not needed for skew; collisions only merge rare ids.
+    # Scramble the ranks over the rows (a multiplicative hash; collisions merge rare ids only).
     categorical = (ranks * 2654435761 + 97 * np.arange(len(sizes))) % sizes
     dense = rng.exponential(1.0, size=(n, NUM_DENSE)).astype(np.float32)
     dense = np.log1p(dense).astype(np.float32)

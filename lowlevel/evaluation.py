@@ -66,7 +66,8 @@ def evaluate(sess, ops: EvalOps) -> dict:
 
     For a binary model also "auc" (area under the ROC curve, exact, from every
     example's probability; scikit-learn's `roc_auc_score`) and "log_loss"
-    (mean binary cross-entropy of the probabilities, nats; equal to "loss").
+    (mean binary cross-entropy of the float32 probabilities, clipped to
+    [1e-7, 1 - 1e-7], nats; "loss" is the same from the logits, unclipped).
     """
     sess.run(ops.initializer, ops.feed)
     total_loss, correct, n = 0.0, 0, 0
