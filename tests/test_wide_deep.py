@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 
@@ -154,3 +155,52 @@ def test_default_movielens_run_reaches_auc_078(tmp_path):
     with open(out / "eval" / "eval_metrics.json") as f:
         records = json.load(f)
     assert records[-1]["auc"] >= 0.78 and "log_loss" in records[-1]
+
+
+def _bytes_per_step(tmp_path, vocab_size: int, steps: int = 600) -> float:
+    """Bytes between the worker and the 2 ps tasks per step (TCP counters), with `vocab_size` rows."""
+    from benchmarks._measure import Watcher, kill_tree
+    from clusters import start, task_events, trainer_argv, wait_all
+    import portpicker
+    out = tmp_path / f"v{vocab_size}"
+    out.mkdir()
+    ps = [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(2)]
+    workers = [f"127.0.0.1:{portpicker.pick_unused_port()}"]
+    flags = ["--model=wide_deep", "--dataset=synthetic_ctr", f"--vocab_size={vocab_size}",
+             f"--train_steps={steps}", f"--output_dir={out}", "--log_every_secs=0.5",
+             "--save_checkpoint_secs=100000", "--hidden_units=32"]
+    procs = {f"ps{i}": start(trainer_argv(ps, workers, "ps", i, *flags), out / f"ps{i}.log")
+             for i in range(2)}
+    procs["worker0"] = start(trainer_argv(ps, workers, "worker", 0, *flags), out / "w0.log")
+    watcher = Watcher(interval=0.25)
+    for i in range(2):
+        watcher.add(f"ps{i}", procs[f"ps{i}"].pid, "ps", [int(ps[i].rsplit(":", 1)[1])])
+    watcher.add("worker0", procs["worker0"].pid, "worker", [int(workers[0].rsplit(":", 1)[1])])
+    watcher.start()
+    try:
+        done = wait_all(procs, 600)
+    finally:
+        watcher.stop()
+        kill_tree([psutil.Process(p.pid) for p in procs.values() if p.poll() is None])
+    assert all(status == 0 for status, _ in done.values()), (
+        done, (out / "w0.log").read_text()[-3000:])
+    progress = task_events(out, "worker0", "progress")
+    end = task_events(out, "worker0", "done")[0]
+    assert len(progress) >= 2, "too few progress events to measure a window"
+    first = progress[len(progress) // 4]  # past the first steps
+    seconds, per_ps = watcher.bytes_in_window(first["unix_time"], end["unix_time"])
+    assert seconds > 0 and len(per_ps) == 2, (seconds, per_ps)
+    steps_per_sec = (end["global_step"] - first["global_step"]) / (
+        end["unix_time"] - first["unix_time"])
+    return sum(per_ps.values()) / seconds / steps_per_sec
+
+
+@pytest.mark.cluster
+def test_bytes_per_step_follow_the_rows_touched_not_the_table_size(tmp_path):
+    """tensorflow/tensorflow#5892: a dense gradient would ship the whole table every step."""
+    small = _bytes_per_step(tmp_path, 1_000_000)
+    large = _bytes_per_step(tmp_path, 10_000_000)
+    print(f"bytes per step: vocab 1M {small:,.0f}, vocab 10M {large:,.0f}")
+    # 10 M rows x 16 x 4 bytes = 640 MB of table; a step moves well under 1 MB either way.
+    assert small < 2_000_000 and large < 2_000_000, (small, large)
+    assert abs(large - small) / small < 0.10, (small, large)
