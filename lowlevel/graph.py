@@ -23,7 +23,8 @@ from typing import Optional
 import tensorflow as tf
 
 from lowlevel import data as data_lib
-from lowlevel import evaluation, exact, hooks, local_sgd, models, placement, probes, shutdown
+from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
+                      probes, shutdown)
 from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -59,6 +60,8 @@ class TrainGraph:
     final_eval: Optional[evaluation.FinalEvalHook]
     examples_per_step: int  # examples per global step, all workers
     steps: hooks.LoopState  # the global step as the loop last saw it
+    saved: dict  # the saver's {name in checkpoints: variable or its shards}
+    optimizer_names: set  # the names in `saved` that are optimizer state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,12 +140,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
-        scaffold = v1.train.Scaffold(
-            local_init_op=tf.group(v1.local_variables_initializer(),
-                                   v1.tables_initializer(), iter_init),
-            local_init_feed_dict=feed,
-            saver=v1.train.Saver(sharded=True, max_to_keep=config.keep_checkpoint_max,
-                                 save_relative_paths=True))
+        scaffold, saved, optimizer_names = _scaffold(config, graph, step.local_ops,
+                                                     iter_init, feed)
         examples_per_step = config.batch_size * (mode.replicas if mode.sync else 1)
         steps = hooks.LoopState()
         progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
@@ -152,7 +151,32 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         run_hooks = _hooks(config, mode, cluster, task, step, global_step, scaffold, steps,
                            progress, final_eval, channel, preempted)
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
-                      run_hooks, progress, final_eval, examples_per_step, steps)
+                      run_hooks, progress, final_eval, examples_per_step, steps, saved,
+                      optimizer_names)
+
+
+def _scaffold(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed):
+    """(scaffold, saved, optimizer names): local init and a saver of the portable names.
+
+    Every mode saves the same names (`checkpoints.saved_names`), so a
+    checkpoint resumes in any mode; the communication-reduced mode's local
+    optimizer state is saved through its twins on the ps and loaded from them
+    at local init (`lowlevel.optimizer_state`).
+    """
+    local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(), iter_init)
+    state = local_ops.state if local_ops else None
+    if state:  # the optimizer's local state starts from its twins on the ps
+        with tf.control_dependencies([local_init]):
+            local_init = tf.group(state.load_state)
+    saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
+                                    state.names if state else None)
+    scaffold = v1.train.Scaffold(
+        local_init_op=local_init, local_init_feed_dict=feed,
+        saver=checkpoints.StateSaver(saved, state.save_state if state else None, sharded=True,
+                                     max_to_keep=config.keep_checkpoint_max,
+                                     save_relative_paths=True))
+    model_names = checkpoints.saved_names(v1.trainable_variables())
+    return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
 
 
 def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, task: Task,
