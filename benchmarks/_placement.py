@@ -7,7 +7,7 @@ model with `variables` ({variable: [bytes, ps index]}), `loads` (bytes per ps),
 `params` and `imbalance` (largest load / mean load).
 
 It builds worker 0's real training graph the way the trainer does
-(`lowlevel.trainer.task_from_flags` / `config_from_flags`, `lowlevel.training.build`) for
+(`lowlevel.trainer.task_from_flags` / `config_from_flags`, `lowlevel.graph.build`) for
 a cluster of `--num_ps` ps and 2 workers on unused addresses (nothing connects), and reads
 where each trainable variable landed. So the figure follows whatever placement the runtime
 uses (whole variables, or shards), not a copy of its rule. Every step moves each trainable
@@ -41,7 +41,8 @@ def main(argv) -> int:
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow()
     from lowlevel import data as data_lib
-    from lowlevel import placement, training
+    from lowlevel import graph as graph_lib
+    from lowlevel import placement
 
     data = data_lib.load("synthetic")
     ps = ",".join(f"127.0.0.1:{1 + k}" for k in range(num_ps))
@@ -54,7 +55,7 @@ def main(argv) -> int:
                      f"--model={model}", f"--hidden_units={opts['--hidden_units']}"])
         cluster, task, _ = trainer.task_from_flags()
         config = trainer.config_from_flags(cluster.num_workers)
-        g = training.build(config, data, cluster, task, 0)
+        g = graph_lib.build(config, data, cluster, task, 0)
         variables, loads = {}, [0] * num_ps
         for v in g.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
             m = re.search(r"/job:ps/task:(\d+)", v.device or "")

@@ -20,6 +20,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from lowlevel import files
+
 NUM_INPUTS = 28 * 28
 NUM_CLASSES = 10
 
@@ -106,11 +108,7 @@ def write_json(path: Optional[str], rec: dict) -> None:
     print(line, flush=True)
     if not path:
         return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(line + "\n")
-    os.replace(tmp, path)
+    files.write_json(path, rec, indent=None)
 
 
 def wait_for_ports(host_ports: Sequence[str], timeout_secs: float = 120.0) -> None:
@@ -126,3 +124,8 @@ def wait_for_ports(host_ports: Sequence[str], timeout_secs: float = 120.0) -> No
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{hp} did not accept connections in {timeout_secs} s")
                 time.sleep(0.2)
+
+
+def ready_file(start_file: str, task: str) -> str:
+    """The file a reference worker creates once its session is ready (with `--start_file`)."""
+    return f"{start_file}.{task}.ready"

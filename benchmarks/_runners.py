@@ -17,7 +17,7 @@ by PID, and returns one *run* dict:
   startup_secs: from starting the first process to the end of the first step of the
       last worker to start training (tf2_pss: the coordinator's first joined step)
   startup_import_secs: (lowlevel) the part of it until the last task had imported
-      TensorFlow (its first log line)
+      TensorFlow (its `started` event)
   shutdown_secs: from the last worker's last step to every process gone (None, with
       `shutdown_note`, when the trainer's ps never exits by itself)
   accuracy, loss: test split, from final_metrics.json (lowlevel only)
@@ -27,10 +27,8 @@ by PID, and returns one *run* dict:
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -39,7 +37,9 @@ from typing import Optional
 import portpicker
 import psutil
 
+from benchmarks import _reference
 from benchmarks._measure import Watcher, kill_tree
+from lowlevel import events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECS = 5.0
@@ -84,13 +84,6 @@ class Procs:
                 return "".join(f.readlines()[-lines:])
         except OSError:
             return ""
-
-    def logged(self, name: str, needle: str) -> bool:
-        try:
-            with open(self.log_path(name), errors="replace") as f:
-                return needle in f.read()
-        except OSError:
-            return False
 
     def stop(self, names=None) -> None:
         """SIGTERM, then after STOP_GRACE_SECS SIGKILL (by PID, children included)."""
@@ -249,37 +242,23 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
     metrics = _read_json(os.path.join(out, "final_metrics.json")) or {}
     run = summarise(tasks, watcher, batch_size, launched, [[t["task"]] for t in tasks])
     run.update(ok=True, shutdown_secs=_shutdown(watcher, tasks), shutdown_note=None,
-               startup_import_secs=imported_secs(procs.log_path(name), launched),
+               startup_import_secs=imported_secs(out, launched),
                accuracy=metrics.get("accuracy"), loss=metrics.get("loss"),
                global_step=metrics.get("global_step"), tasks=tasks,
                wall_secs=round(time.time() - launched, 1))
     return run
 
 
-_LOG_LINE = re.compile(r"^(?:\[(\w+)\] )?[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+) ")
+def imported_secs(output_dir: str, launched_unix: float) -> Optional[float]:
+    """Seconds from the launch to the `started` event of the last task to send one.
 
-
-def imported_secs(log_path: str, launched_unix: float) -> Optional[float]:
-    """Seconds from the launch to the first log line of the last task to log one.
-
-    A lowlevel task logs nothing before TensorFlow is imported (its first line is
-    "server listening", or the data line in-process), so this is the part of the start-up
-    spent starting Python and importing TensorFlow.
+    A lowlevel task sends `started` (`lowlevel.events`) once TensorFlow is imported,
+    so this is the part of the start-up spent starting Python and importing TensorFlow.
     """
     first: dict = {}
-    day = datetime.date.fromtimestamp(launched_unix)
-    try:
-        with open(log_path, errors="replace") as f:
-            for line in f:
-                m = _LOG_LINE.match(line)
-                if m and (m.group(1) or "main") not in first:
-                    t = datetime.datetime.strptime(m.group(2), "%H:%M:%S.%f").time()
-                    unix = datetime.datetime.combine(day, t).timestamp()
-                    if unix < launched_unix - 3600:  # past midnight
-                        unix += 86400
-                    first[m.group(1) or "main"] = unix
-    except OSError:
-        return None
+    for record in events.read_all(output_dir):
+        if record["event"] == "started" and record["unix_time"] >= launched_unix:
+            first.setdefault(record["task"], record["unix_time"])
     return round(max(first.values()) - launched_unix, 2) if first else None
 
 
@@ -330,7 +309,7 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
             procs.start(f"worker{i}", _py("benchmarks.classic") + cluster + flags + [
                 "--job_name=worker", f"--task_index={i}", f"--out_json={outs[i]}",
                 f"--start_file={go}"], "worker", [wk[i]])
-            ready = _wait(lambda: procs.logged(f"worker{i}", f"worker{i}: session ready")
+            ready = _wait(lambda: os.path.exists(_reference.ready_file(go, f"worker{i}"))
                           or procs.popen[f"worker{i}"].poll() is not None, deadline)
             if not ready or procs.popen[f"worker{i}"].poll() is not None:
                 error = f"worker{i} never had its session:\n{procs.log(f'worker{i}')}"

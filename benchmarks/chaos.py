@@ -17,15 +17,15 @@ trains to its end.
 
 A fault is *survived* when its segment ends with every task exiting 0 and the
 global step at exactly the segment's `--train_steps`. Per fault it measures,
-from the tasks' own log times (microseconds, this machine's clock):
+from the tasks' own events (`lowlevel.events`: Unix times, this machine's clock):
 
 - recovery: seconds from the fault to the next global step logged by any
   worker (the cluster training again; ~0 when other workers carry on);
 - task back: seconds from the fault to the first step (or, for a ps, the
-  chief's new session) of the restarted task;
+  chief's `recovered` event) of the restarted task;
 - steps lost: the global step before the fault minus the step training
-  resumed from (a ps failure loses what was trained since the last checkpoint;
-  approximate to the steps of one log interval).
+  resumed from (a ps failure: the checkpoint the chief restored; approximate
+  to the steps of one progress interval otherwise).
 
 Prints a table by fault kind and writes `chaos.json` (every fault, every
 segment) to `--out`. Exit status 0 when every fault was survived, 1 otherwise.
@@ -33,7 +33,6 @@ segment) to `--out`. Exit status 0 when every fault was survived, 1 otherwise.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import random
@@ -49,6 +48,8 @@ import time
 import psutil
 from absl import app, flags
 
+from lowlevel import events
+
 FLAGS = flags.FLAGS
 flags.DEFINE_float("duration_secs", 300.0, "Seconds during which faults are injected.")
 flags.DEFINE_float("mean_fault_interval_secs", 8.0, "Mean gap between faults (exponential).")
@@ -61,26 +62,8 @@ flags.DEFINE_integer("save_checkpoint_steps", 500, "Checkpoint interval, global 
 flags.DEFINE_list("signals", ["SIGKILL", "SIGTERM"], "Signals to inject.")
 flags.DEFINE_string("out", None, "Directory for chaos.json and the run (default: a temp dir).")
 
-LOG = re.compile(r"^\[(\w+)\] [IWE](\d{4}) (\d\d:\d\d:\d\d\.\d+) ")
-STEP = re.compile(r"step (\d+)/\d+ \|")
-RESTORED = re.compile(r"restored from checkpoint \S+, at global step (\d+)")
-
-
-def log_time(line: str):
-    """(task, Unix time) of a `[task] I1123 03:55:08.300549 ...` line, else None."""
-    m = LOG.match(line)
-    if not m:
-        return None
-    now = datetime.datetime.now()
-    t = datetime.datetime.strptime(m.group(3), "%H:%M:%S.%f").time()
-    when = datetime.datetime.combine(now.date(), t)
-    if when - now > datetime.timedelta(hours=12):  # logged before midnight
-        when -= datetime.timedelta(days=1)
-    return m.group(1), when.timestamp()
-
-
 class Segment:
-    """One launcher run; collects (Unix time, task, line) for every timed line."""
+    """One launcher run; follows the tasks' events in `out` (`lowlevel.events`)."""
 
     def __init__(self, out: str, train_steps: int):
         argv = [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
@@ -94,23 +77,27 @@ class Segment:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, cwd=os.path.dirname(os.path.dirname(
                                          os.path.abspath(__file__))))
-        self.lines: list[tuple[float, str, str]] = []
         self.tail: list[str] = []
+        self._follower = events.Follower(out)
+        self._follower.new()  # earlier segments' events
+        self._records: list[dict] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.tail = (self.tail + [line])[-40:]
-            timed = log_time(line)
-            if timed:
-                self.lines.append((timed[1], timed[0], line))
+        for line in self.proc.stdout:  # kept only to show when a segment fails
+            self.tail = (self.tail + [line.rstrip("\n")])[-40:]
+
+    def records(self, event: str, since=0.0, until=float("inf")) -> list[dict]:
+        """This segment's `event` records with `unix_time` in [since, until), oldest first."""
+        self._records += self._follower.new()
+        return [r for r in self._records
+                if r["event"] == event and since <= r["unix_time"] < until]
 
     def steps(self, since=0.0, until=float("inf")):
-        """[(time, task, global step)] of the progress lines logged in [since, until)."""
-        return [(t, task, int(m.group(1))) for t, task, line in list(self.lines)
-                if since <= t < until and (m := STEP.search(line))]
+        """[(time, task, global step)] of the progress events in [since, until)."""
+        return [(r["unix_time"], r["task"], r["global_step"])
+                for r in self.records("progress", since, until)]
 
     def task(self, name: str):
         job, index = re.match(r"(\D+)(\d+)$", name).groups()
@@ -127,14 +114,11 @@ class Segment:
 def back_time(seg: Segment, fault: dict):
     """When the task hit by `fault` was working again, or None (not yet)."""
     target, t0 = fault["target"], fault["time"]
-    for t, task, line in list(seg.lines):
-        if t <= t0:
-            continue
-        if target.startswith("ps") and task == "worker0" and "new session after a failure" in line:
-            return t
-        if task == target and STEP.search(line) and t > t0 + 0.3:
-            return t
-    return None
+    if target.startswith("ps"):
+        back = [r for r in seg.records("recovered", since=t0) if r["task"] == "worker0"]
+    else:
+        back = [r for r in seg.records("progress", since=t0 + 0.3) if r["task"] == target]
+    return back[0]["unix_time"] if back else None
 
 
 def inject(seg: Segment, rng: random.Random, faults: list, deadline: float) -> None:
@@ -174,8 +158,8 @@ def measure(seg: Segment, fault: dict, survived: bool) -> None:
     fault["recovery_secs"] = round(after[0][0] - t0, 3) if after else None
     back = back_time(seg, fault)
     fault["task_back_secs"] = round(back - t0, 3) if back else None
-    restored = [int(m.group(1)) for t, _, line in seg.lines if t > t0 and
-                (m := RESTORED.search(line))]
+    restored = [r["restored_step"] for r in seg.records("recovered", since=t0)
+                if r["origin"] == "restored"]
     resumed = restored[0] if restored else min((s for t, s in after if t < t0 + 10),
                                                default=fault["step_before"])
     fault["steps_lost"] = max(0, fault["step_before"] - resumed)

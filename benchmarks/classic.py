@@ -30,9 +30,10 @@ included), "step_ms_p50", "step_ms_p90" (of the `session.run` wall times),
 `MonitoredTrainingSession` closes, so a close that hangs (sync mode,
 tensorflow/tensorflow#2386) does not lose it.
 
-`--start_file` (not textbook; off by default): each worker waits after "session ready"
-until the file exists, so a driver that starts the chief first (below) can still have all
-workers train side by side (`benchmarks.throughput` does).
+`--start_file` (not textbook; off by default): each worker, once its session is ready,
+creates `<start_file>.<task>.ready` (`_reference.ready_file`) and waits until the start
+file exists, so a driver that starts the chief first (below) can still have all workers
+train side by side (`benchmarks.throughput` does), without reading their logs.
 
 Stock behaviour the driver must allow for (not fixed here on purpose):
 - A non-chief worker that starts before the chief has initialised the variables sleeps
@@ -177,6 +178,8 @@ def main(_):
                                            checkpoint_dir=FLAGS.checkpoint_dir,
                                            hooks=hooks, config=config) as sess:
         logging.info("%s: session ready", task)
+        if FLAGS.start_file:
+            open(ref.ready_file(FLAGS.start_file, task), "w").close()
         while FLAGS.start_file and not os.path.exists(FLAGS.start_file):
             time.sleep(0.05)
         gstep, loss_value = 0, float("nan")

@@ -63,6 +63,7 @@ from typing import Optional
 from absl import app, flags
 
 from benchmarks import _configs, _report, _runners
+from lowlevel import files as lowlevel_files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_boolean("quick", False, "Short runs, 1 round (3 of the narrowest targets' pairs), "
@@ -311,10 +312,7 @@ def write(bench: Bench, result: dict, final: bool) -> None:
     if final:
         result["meta"].update(loadavg_end=round(os.getloadavg()[0], 2),
                               wall_secs=round(time.time() - result["meta"]["started_unix"], 1))
-    tmp = os.path.join(bench.out, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, os.path.join(bench.out, "results.json"))
+    lowlevel_files.write_json(os.path.join(bench.out, "results.json"), result, indent=1)
     if final:
         with open(os.path.join(bench.out, "results.md"), "w") as f:
             f.write(_report.markdown(result))

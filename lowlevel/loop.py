@@ -1,6 +1,6 @@
 """The training loop of one worker: steps, and in the communication-reduced mode the exchanges.
 
-`training.train` builds the graph (`training.TrainGraph`) and the session and
+`training.train` builds the graph (`graph.TrainGraph`) and the session and
 calls `run`; `run` returns when the last step is done, the session stops, or
 a preemption is requested.
 """
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import local_sgd
+from lowlevel import events, local_sgd
+from lowlevel.sessions import live_session
 
 if TYPE_CHECKING:
-    from lowlevel.training import TrainGraph
+    from lowlevel.graph import TrainGraph
 
 
 class StepRunner:
@@ -33,11 +34,25 @@ class StepRunner:
     session. A step that fails on the raw session with an error a failed task
     causes is run again through the monitored session, which recovers
     (creates a new session) first.
+
+    The contract with the hooks: a hook that acts in `before_run`/`after_run`
+    must have a `due()` method that says when its next run is needed (its
+    timer or its step has come); the loop sends a step through the hooks
+    only then. A hook without `due()` sees only the steps another hook made
+    due: give it one, or it acts rarely and irregularly. Hooks that act only
+    in `begin`, `after_create_session` or `end` need none.
+
+    Raises (from the constructor):
+      TypeError: a hook overrides `before_run` or `after_run` without `due()`.
     """
 
     def __init__(self, sess, g: TrainGraph):
         self._sess = sess
         self._g = g
+        undue = [type(h).__name__ for h in g.hooks if _acts_per_step(h) and not hasattr(h, "due")]
+        if undue:
+            raise TypeError(f"{', '.join(undue)}: acts in before_run/after_run but has no due(); "
+                            "the loop would run it only when another hook is due")
         self._due = [h.due for h in g.hooks if hasattr(h, "due")]
         self._raw = None
         self._calls: dict = {}
@@ -59,7 +74,7 @@ class StepRunner:
 
     def fast(self, fetch):
         """Runs `fetch` on the raw session (the monitored one after a failure); no hook sees it."""
-        raw = self._sess._tf_sess()  # noqa: SLF001 - the live tf.Session
+        raw = live_session(self._sess)
         if raw is None:
             return self._sess.run(fetch)
         if raw is not self._raw:  # a new session, after a failure
@@ -68,8 +83,16 @@ class StepRunner:
             self._calls[fetch] = raw.make_callable(fetch)
         try:
             return self._calls[fetch]()
-        except _LOST:
+        except Exception as e:  # noqa: BLE001 - narrowed by `lost`
+            if not lost(e):
+                raise
             return self._sess.run(fetch)
+
+
+def _acts_per_step(hook) -> bool:
+    base = tf.compat.v1.train.SessionRunHook
+    return (type(hook).before_run is not base.before_run or
+            type(hook).after_run is not base.after_run)
 
 
 def run(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:
@@ -92,9 +115,34 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:
             return
 
 
-# Errors of a run that lost its ps (or its session, replaced after a failure).
+# Errors of a run that lost its ps (or its session, replaced after a failure):
+# the ps went away, it came back without the model, or the session was closed.
 _LOST = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-         tf.errors.NotFoundError, tf.errors.FailedPreconditionError, RuntimeError)
+         tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
+
+
+class NoLiveSession(Exception):
+    """The monitored session has no live `tf.Session`: it is being recreated after a failure."""
+
+
+def lost(e: BaseException) -> bool:
+    """Whether `e` is what a run on a lost session raises (not a bug to surface).
+
+    The TensorFlow errors of `_LOST`, `NoLiveSession`, and the `RuntimeError`
+    of a `tf.Session` closed under the run ("Attempted to use a closed
+    Session."); any other `RuntimeError` is a bug and is raised.
+    """
+    if isinstance(e, (*_LOST, NoLiveSession)):
+        return True
+    return isinstance(e, RuntimeError) and "closed Session" in str(e)
+
+
+def _send(sess, op):
+    """Runs `op` on the live session (in the exchange thread); NoLiveSession if there is none."""
+    raw = live_session(sess)
+    if raw is None:
+        raise NoLiveSession("no live session")
+    return raw.run(op)
 
 
 def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event) -> None:
@@ -124,7 +172,7 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
         while not sess.should_stop() and not stop.is_set():
             if pending is not None:
                 _merge(sess, step, ops, pending)
-            pending = pool.submit(sess._tf_sess().run, ops.send) if trained else None  # noqa: SLF001
+            pending = pool.submit(_send, sess, ops.send) if trained else None
             start, left = (int(x) for x in step.fast(ops.claim))
             g.steps.value = start
             if left == 0:
@@ -138,7 +186,7 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
         if pending is not None:
             _merge(sess, step, ops, pending)
         if stop.is_set() and trained:  # preempted mid-block: push what it has
-            _merge(sess, step, ops, pool.submit(sess._tf_sess().run, ops.send))  # noqa: SLF001
+            _merge(sess, step, ops, pool.submit(_send, sess, ops.send))
     finally:
         pool.shutdown(wait=False)
 
@@ -146,9 +194,12 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
 def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending) -> None:
     try:
         pending.result()
-    except _LOST as e:
-        logging.info("exchange with the ps failed (%s); taking the ps model afresh",
-                     getattr(e, "message", e))
+    except Exception as e:  # noqa: BLE001 - narrowed by `lost`
+        if not lost(e):
+            raise
+        message = getattr(e, "message", None) or str(e)
+        logging.info("exchange with the ps failed (%s); taking the ps model afresh", message)
+        events.emit("fault_noticed", None, error=f"exchange failed: {message}")
         sess.run(ops.resync)  # through the monitored session: it recovers first if need be
         return
     step.fast(ops.merge)

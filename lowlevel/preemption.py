@@ -38,6 +38,7 @@ from typing import Callable, Optional
 
 from absl import logging
 
+from lowlevel import events
 from lowlevel.exit_codes import signal_status
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -85,6 +86,11 @@ class Preemption:
             self._training = True
             self._on_stuck = on_stuck
 
+    @property
+    def signal_name(self) -> Optional[str]:
+        """"SIGTERM" or "SIGINT" once a signal arrived, else None."""
+        return None if self.signum is None else signal.Signals(self.signum).name
+
     def mark_safe(self) -> None:
         """The main thread has saved the training state: if it is slow to exit now, just exit."""
         with self._lock:
@@ -100,6 +106,7 @@ class Preemption:
         if not training:
             logging.info("%s: %s %s; nothing to save here; exiting", self.task_name,
                          PREEMPTED, name)
+            events.emit("preempted", None, signal=name, checkpoint=None)
             _exit(exit_status(signum))
         logging.info("%s: %s %s; stopping at the end of the current step", self.task_name,
                      PREEMPTED, name)
@@ -121,6 +128,7 @@ class Preemption:
         with self._lock:
             if self._safe:
                 on_stuck = None
+        saved = True  # nothing to save, or the main thread saved it already
         if on_stuck is not None:
             try:
                 saved = bool(on_stuck())
@@ -130,6 +138,8 @@ class Preemption:
             if not saved:  # still retryable: a restart resumes from the newest checkpoint
                 logging.warning("%s: no checkpoint at the stop; a restart resumes from the "
                                 "newest earlier one", self.task_name)
+        events.emit("preempted", None, signal=self.signal_name, checkpoint=None, stuck=True,
+                    safe=saved)
         _exit(exit_status(self.signum))
 
 

@@ -12,9 +12,14 @@
   distributed session's close sometimes blocks for several seconds in
   TF_CloseSession after the work is done (tensorflow/tensorflow#21745; seen
   here for 4-37 s), and the ps tasks may have exited by then. The end-of-
-  training handshake has run before the close (`server.ShutdownHook`) and
-  the process is exiting, so the close is left to finish, or not, in a
+  training handshake has run before the close (`shutdown.end_of_training_hooks`)
+  and the process is exiting, so the close is left to finish, or not, in a
   daemon thread.
+- `live_session`: the one way into a `MonitoredSession`'s private state.
+
+Every session that replaces a lost one is announced as events
+(`fault_noticed` when the creator is called again, `recovered` when the new
+session exists; `lowlevel.events`).
 """
 
 from __future__ import annotations
@@ -26,12 +31,35 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import checkpoints
+from lowlevel import checkpoints, events
 
 v1 = tf.compat.v1
 
 RECOVERY_WAIT_SECS = 0.5
 CLOSE_TIMEOUT_SECS = 2.0
+
+
+def live_session(monitored) -> "v1.Session | None":
+    """The `tf.compat.v1.Session` behind a `MonitoredSession`; None while it is being recreated.
+
+    `MonitoredSession` keeps its session behind private attributes and replaces
+    it after a failure (`UnavailableError`/`AbortedError`); between the loss
+    and the new session there is none. This is the only place that reaches
+    into those internals (`_tf_sess()`, TensorFlow 2.21's
+    `training/monitored_session.py`), so a change there is one fix here.
+    """
+    get = getattr(monitored, "_tf_sess", None)
+    try:
+        return get() if get is not None else None
+    except AttributeError:  # not yet (or no longer) created
+        return None
+
+
+def _announce_recreation(sessions: int) -> None:
+    """A creator called again means the session before was lost to a fault."""
+    if sessions > 1:
+        events.emit("fault_noticed", None, error="session lost (a task failed or was "
+                    "restarted); creating a new one")
 
 
 def _bounded_close(sess, cluster_alive=None):
@@ -79,13 +107,15 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
     `UnavailableError`/`AbortedError`). Each time:
 
     1. `wait_for_ps` (a bounded poll, so a ps that stays down ends in a clear
-       `server.StartupError` instead of a CreateSession that waits forever);
+       `probes.StartupError` instead of a CreateSession that waits forever);
     2. if the ps tasks hold an initialised model (the chief itself was
        restarted; the ps and the other workers carried on) it is used as it
        is: nothing trained since the last checkpoint is lost;
     3. else the newest checkpoint that reads whole is restored
        (`checkpoints.newest_readable`: a truncated newest one is skipped, with
-       a warning, for the one before);
+       a warning, for the one before); if it is `partial.path` (a checkpoint
+       lacking some optimizer state, `checkpoints.PartialRestore`), every
+       variable is initialised and then what it holds restored;
     4. else the model is initialised.
 
     Attributes:
@@ -95,9 +125,10 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
     """
 
     def __init__(self, scaffold, master, config, checkpoint_dir, wait_for_cluster=None,
-                 cluster_alive=None):
+                 cluster_alive=None, partial=None):
         super().__init__(scaffold=scaffold, master=master, config=config)
         self._output_dir = checkpoint_dir
+        self._partial = partial
         self._wait_for_cluster = wait_for_cluster
         self._cluster_alive = cluster_alive
         self.origin = self.restored_from = None
@@ -107,6 +138,7 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         self._scaffold.finalize()
         manager = self._get_session_manager()
         self.sessions += 1
+        _announce_recreation(self.sessions)
         sess = None
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
@@ -120,9 +152,18 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
             self._checkpoint_filename_with_path = (self.restored_from[0] if self.restored_from
                                                    else None)
             self.origin = "restored" if self.restored_from else "initialised"
-            sess = super().create_session()
+            if self._partial is not None and self._checkpoint_filename_with_path == \
+                    self._partial.path:
+                sess = manager.prepare_session(
+                    self._master, init_op=self._scaffold.init_op,
+                    init_feed_dict=self._scaffold.init_feed_dict, config=self._config,
+                    init_fn=self._partial.restore)
+            else:
+                sess = super().create_session()
         if self.sessions > 1:
             logging.info("chief: new session after a failure; %s", self.describe())
+            fields = self.event_fields()
+            events.emit("recovered", fields["restored_step"], **fields)
         return _bounded_close(sess, self._cluster_alive)
 
     def describe(self) -> str:
@@ -133,6 +174,11 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         if self.origin == "adopted":
             return "the ps tasks still held the model: continuing from it"
         return "model initialised"
+
+    def event_fields(self) -> dict:
+        """`origin` and `restored_step` of the last session, for its events."""
+        return {"origin": self.origin,
+                "restored_step": self.restored_from[1] if self.origin == "restored" else None}
 
     def _get_session_manager(self):
         if not self._session_manager:
@@ -161,12 +207,18 @@ class WorkerSessionCreator(v1.train.WorkerSessionCreator):
 
     def create_session(self):
         self.sessions += 1
+        _announce_recreation(self.sessions)
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
         sess = super().create_session()
         if self.sessions > 1:
             logging.info("worker: new session after a failure; the model is ready again")
+            events.emit("recovered", None, **self.event_fields())
         return _bounded_close(sess, self._cluster_alive)
+
+    def event_fields(self) -> dict:
+        """`origin` and `restored_step` of the last session, for its events."""
+        return {"origin": "ready", "restored_step": None}
 
     def _get_session_manager(self):
         if not self._session_manager:

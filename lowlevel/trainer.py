@@ -36,8 +36,7 @@ from lowlevel import cluster as cluster_lib
 from lowlevel import config as config_lib
 from lowlevel import exit_codes
 from lowlevel import tf_config as tf_config_lib
-from lowlevel.config import (DATASETS, MODELS, OPTIMIZERS, SCHEDULES, RuntimeFailure,
-                             TrainConfig, UsageError)
+from lowlevel.config import SCHEDULES, RuntimeFailure, TrainConfig, UsageError
 
 FLAGS = flags.FLAGS
 
@@ -58,61 +57,10 @@ flags.DEFINE_enum("schedule", None, SCHEDULES, "What this task does. Default by 
                   "evaluates each new checkpoint in --output_dir on the test split until "
                   "the one of --train_steps; continuous_eval_on_train_data: on the "
                   "training split).")
-# Model and data.
-flags.DEFINE_string("model", "mlp", f"Model: {' | '.join(MODELS)}.")
-flags.DEFINE_list("hidden_units", ["128", "128"], "Hidden layer widths (mlp: every layer; "
-                  "cnn: the dense layer after the convolutions uses the first).")
-flags.DEFINE_string("dataset", "digits", f"Data set: {' | '.join(DATASETS)}. digits is "
-                    "scikit-learn's bundled 8x8 handwritten digits (no download); "
-                    "synthetic is learnable random data of MNIST shape.")
-flags.DEFINE_string("data_dir", None, "Directory with mnist.npz or the four MNIST IDX "
-                    "files (.gz or not); default: Keras' cache.")
-# Optimisation.
-flags.DEFINE_string("optimizer", "adagrad", f"Optimizer: {' | '.join(OPTIMIZERS)}.")
-flags.DEFINE_float("learning_rate", None, "Learning rate; default: adagrad 0.1, sgd 0.1, "
-                   "momentum 0.05, adam 0.001.")
-flags.DEFINE_integer("batch_size", 64, "Examples per worker step.")
-flags.DEFINE_integer("train_steps", 2000, "The global step to stop at.")
-flags.DEFINE_boolean("sync", False, "Synchronous training with SyncReplicasOptimizer "
-                     "(default: asynchronous; each worker applies its own updates).")
-flags.DEFINE_integer("replicas_to_aggregate", None, "Sync mode: gradients averaged per "
-                     "step; fewer than the number of workers leaves backup workers. "
-                     "Default: the number of workers.")
-flags.DEFINE_integer("seed", 0, "Seed for initialisation and shuffling.")
-# Output.
-flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard summaries and "
-                    "final_metrics.json; shared by all tasks. A run on a directory "
-                    "with a checkpoint resumes from it.")
-flags.DEFINE_integer("save_checkpoint_steps", None, "Checkpoint every this many global "
-                     "steps (overrides --save_checkpoint_secs).")
-flags.DEFINE_float("save_checkpoint_secs", 60.0, "Checkpoint every this many seconds.")
-flags.DEFINE_integer("keep_checkpoint_max", 5, "Checkpoints to keep.")
-flags.DEFINE_float("log_every_secs", 2.0, "Seconds between progress lines.")
-# Resources and timeouts.
-flags.DEFINE_integer("worker_gpu", None, "GPUs per worker (worker I computes on GPU I mod "
-                     "worker_gpu); default: the GPUs TensorFlow sees. Variables always "
-                     "stay on the ps CPUs.")
-flags.DEFINE_integer("intra_op_threads", 0, "TensorFlow intra-op threads per task; 0 shares "
-                     "the cores among the cluster's tasks on this machine.")
-flags.DEFINE_integer("inter_op_threads", 0, "TensorFlow inter-op threads per task; 0: auto "
-                     "(at least 2).")
-flags.DEFINE_float("shutdown_timeout_secs", 60.0, "How long the chief waits after its last "
-                   "step for the other workers to finish before stopping the ps tasks.")
-flags.DEFINE_float("startup_timeout_secs", 600.0, "How long a worker waits for the ps "
-                   "tasks and the chief's model (and for their host names to resolve) before "
-                   "giving up with exit status 200 (retryable), naming the task.")
-flags.DEFINE_float("eval_timeout_secs", 600.0, "How long an evaluator waits for a new "
-                   "checkpoint before giving up with exit status 200 (retryable).")
-flags.DEFINE_float("sync_timeout_secs", 30.0, "Sync mode: how long one step may wait for "
-                   "gradients before the chief logs which workers do not answer (it keeps "
-                   "waiting; the step completes when they are back).")
-flags.DEFINE_integer("communication_period", 1, "Local steps each worker takes between "
-                     "exchanges with the ps: local SGD (async) or model averaging (--sync); "
-                     "K times fewer bytes per step; see lowlevel/local_sgd.py for what it "
-                     "trades. 1: exact, every step reads the parameters and pushes its "
-                     "gradients.")
-flags.DEFINE_integer("warmup_steps", 20, "Each task's first local steps, left out of the "
-                     "step times in <output_dir>/tasks/<task>.json.")
+
+
+# Named as absl names the module that defines a flag (the script's path for __main__).
+config_lib.define_flags(FLAGS, sys.argv[0] if __name__ == "__main__" else __name__)
 
 
 def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
@@ -121,28 +69,7 @@ def config_from_flags(num_workers: Optional[int]) -> TrainConfig:
     Raises:
       UsageError: a value is out of range or unknown.
     """
-    try:
-        hidden = tuple(int(u) for u in FLAGS.hidden_units)
-    except ValueError:
-        raise UsageError(f"--hidden_units={','.join(FLAGS.hidden_units)}: expected "
-                         "comma-separated whole numbers, e.g. 128,128")
-    return TrainConfig(
-        model=FLAGS.model, hidden_units=hidden, dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir, optimizer=FLAGS.optimizer,
-        learning_rate=FLAGS.learning_rate, batch_size=FLAGS.batch_size,
-        train_steps=FLAGS.train_steps, output_dir=FLAGS.output_dir,
-        save_checkpoint_steps=FLAGS.save_checkpoint_steps,
-        save_checkpoint_secs=FLAGS.save_checkpoint_secs,
-        keep_checkpoint_max=FLAGS.keep_checkpoint_max, sync=FLAGS.sync,
-        replicas_to_aggregate=FLAGS.replicas_to_aggregate, worker_gpu=FLAGS.worker_gpu,
-        seed=FLAGS.seed, log_every_secs=FLAGS.log_every_secs,
-        intra_op_threads=FLAGS.intra_op_threads, inter_op_threads=FLAGS.inter_op_threads,
-        shutdown_timeout_secs=FLAGS.shutdown_timeout_secs,
-        startup_timeout_secs=FLAGS.startup_timeout_secs,
-        eval_timeout_secs=FLAGS.eval_timeout_secs,
-        sync_timeout_secs=FLAGS.sync_timeout_secs, warmup_steps=FLAGS.warmup_steps,
-        communication_period=FLAGS.communication_period,
-    ).validate(num_workers)
+    return config_lib.from_flags(FLAGS, num_workers)
 
 
 def task_from_flags():
@@ -195,13 +122,16 @@ def main(argv, preemption) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a ps holds variables on its CPU only
     if (task.is_chief or evaluating) and config.output_dir:
         ensure_writable(config.output_dir)
+    _open_events(config.output_dir, task.name)
 
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
+    from lowlevel import events
+    events.emit("started", None, schedule=schedule)
     from lowlevel import checkpoints
     from lowlevel import data as data_lib
     from lowlevel import server as server_lib
-    from lowlevel import training
+    from lowlevel import shutdown, training
 
     session_config = server = None
     if cluster and not evaluating:
@@ -209,7 +139,7 @@ def main(argv, preemption) -> int:
                                                    config.inter_op_threads)
     if schedule == config_lib.RUN_STD_SERVER:
         server = server_lib.start(cluster, task, session_config)
-        return server_lib.run_std_server(server, task, session_config)
+        return shutdown.run_std_server(server, task, session_config)
     if evaluating:
         data = data_lib.load(config.dataset, config.data_dir)
         from lowlevel import evaluation
@@ -239,9 +169,13 @@ def main(argv, preemption) -> int:
         metrics = None
         if task.is_chief:
             if cluster:  # the ps tasks of this (re)started cluster wait for the chief's word
-                server_lib.stop_cluster(server, cluster, session_config,
-                                        min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
+                shutdown.stop_cluster(server, cluster, session_config,
+                                      min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
+            from lowlevel import export
+            export_dir = export.ensure_exported(done.path, done.step, config)
+            if export_dir:
+                metrics["export_dir"] = export_dir
     if preemption.signum is not None:  # stopped at a safe point: retryable
         return exit_codes.signal_status(preemption.signum)
     if metrics is not None:
@@ -249,6 +183,16 @@ def main(argv, preemption) -> int:
         logging.info("final metrics: %s", line)
         print(line, flush=True)
     return 0
+
+
+def _open_events(output_dir: Optional[str], task_name: str) -> None:
+    """Starts this task's event file (`lowlevel.events`); a failure costs the events only."""
+    from lowlevel import events
+    try:
+        events.open_log(output_dir, task_name)
+    except OSError as e:
+        logging.warning("%s: no events file in %s (%s); training goes on without it",
+                        task_name, output_dir, e.strerror)
 
 
 def _previous_metrics(output_dir: str, step: int) -> dict:
@@ -316,6 +260,8 @@ def flags_parser(prog: str):
 
 def run():
     """Console-script entry point."""
+    from lowlevel.lifetime import die_with_parent
+    die_with_parent()  # first: a launcher that dies takes its tasks with it
     app.run(_main_or_exit, flags_parser=flags_parser("lowlevel.trainer"))
 
 

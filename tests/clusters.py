@@ -1,20 +1,19 @@
-"""Helpers for tests that run real clusters: processes, deadlines, log times."""
+"""Helpers for tests that run real clusters: processes, deadlines, the tasks' events."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 
 import psutil
 
+from lowlevel import events
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
-LOG_TIME = re.compile(r"^I\d{4} (\d\d:\d\d:\d\d\.\d+) ")
 
 
 def trainer_argv(ps_hosts, worker_hosts, job_name, task_index, *flags):
@@ -33,21 +32,22 @@ def start(argv, log_path, env=None):
 def wait_all(procs: dict, timeout_secs: float) -> dict:
     """Polls until every process exits or the deadline passes.
 
-    Returns {name: (exit status or None, wall-clock exit time seen)}; processes
-    still running at the deadline are killed (and reported with status None).
+    Returns {name: (exit status or None, Unix time the exit was seen)};
+    processes still running at the deadline are killed (and reported with
+    status None).
     """
     deadline = time.monotonic() + timeout_secs
     done = {}
     while len(done) < len(procs) and time.monotonic() < deadline:
         for name, proc in procs.items():
             if name not in done and proc.poll() is not None:
-                done[name] = (proc.returncode, datetime.datetime.now())
+                done[name] = (proc.returncode, time.time())
         time.sleep(0.05)
     for name, proc in procs.items():
         if name not in done:
             proc.kill()
             proc.wait()
-            done[name] = (None, datetime.datetime.now())
+            done[name] = (None, time.time())
     return done
 
 
@@ -63,20 +63,24 @@ def leftovers(out) -> list:
     return found
 
 
-def log_time(log_path, needle) -> datetime.datetime:
-    """The time of the first absl log line holding `needle` (today's date)."""
-    with open(log_path) as f:
-        for line in f:
-            m = LOG_TIME.match(line)
-            if m and needle in line:
-                t = datetime.datetime.strptime(m.group(1), "%H:%M:%S.%f").time()
-                return datetime.datetime.combine(datetime.date.today(), t)
-    raise AssertionError(f"no {needle!r} line in {log_path}:\n{tail(log_path)}")
+def task_events(output_dir, task: str, event: str | None = None) -> list[dict]:
+    """Task `task`'s event records (`lowlevel.events`), all or those named `event`."""
+    records = events.read(events.path(str(output_dir), task))
+    return [r for r in records if event is None or r["event"] == event]
 
 
-def last_step_time(log_path) -> datetime.datetime:
-    """When a worker logged the end of its training loop."""
-    return log_time(log_path, "last step done")
+def event_time(output_dir, task: str, event: str) -> float:
+    """Unix time of task `task`'s first `event` record; AssertionError naming what it has."""
+    found = task_events(output_dir, task, event)
+    if not found:
+        seen = [r["event"] for r in task_events(output_dir, task)]
+        raise AssertionError(f"no {event!r} event from {task} in {output_dir}; it has {seen}")
+    return found[0]["unix_time"]
+
+
+def last_step_time(output_dir, task: str) -> float:
+    """When a worker's training loop ended at the last step (its `done` event)."""
+    return event_time(output_dir, task, "done")
 
 
 def final_metrics(output_dir) -> dict:

@@ -17,6 +17,8 @@ import portpicker
 import psutil
 import pytest
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 SMALL = ["--hidden_units=64,64", "--train_steps=300", "--warmup_steps=50"]

@@ -9,6 +9,8 @@ import pytest
 
 import clusters
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 
 @pytest.mark.timeout(240)
 def test_a_short_chaos_soak_survives_its_faults(tmp_path):

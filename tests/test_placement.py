@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from lowlevel import data as data_lib
-from lowlevel import models, placement, training
+from lowlevel import graph as graph_lib
+from lowlevel import models, placement
 from lowlevel.cluster import Cluster, ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
 
@@ -18,7 +19,7 @@ def _graph(num_ps, task_index=1, worker_gpu=0, model="mlp", hidden=(128, 128), d
     cluster, task = from_flags(ClusterFlags(ps, "127.0.0.1:2000,127.0.0.1:2001", "worker",
                                             task_index))
     config = TrainConfig(model=model, hidden_units=hidden, sync=sync)
-    return training.build(config, data or data_lib.load_digits(), cluster, task, worker_gpu)
+    return graph_lib.build(config, data or data_lib.load_digits(), cluster, task, worker_gpu)
 
 
 def _is_compute(op):
@@ -49,7 +50,7 @@ def test_variables_on_ps_cpus_and_compute_on_the_worker(sync):
 
 def test_a_chief_job_computes_on_its_own_task():
     cluster = Cluster(("127.0.0.1:1000",), ("127.0.0.1:2000",), ("127.0.0.1:3000",))
-    g = training.build(TrainConfig(), data_lib.load_digits(), cluster,
+    g = graph_lib.build(TrainConfig(), data_lib.load_digits(), cluster,
                        cluster.task("chief", 0), 0)
     compute = [op for op in g.graph.get_operations() if _is_compute(op)]
     assert compute and all(op.device == "/job:chief/task:0/device:CPU:0" for op in compute)

@@ -1,7 +1,10 @@
 """Fault tolerance, proven with real processes: a task of a running localhost cluster is
 killed (SIGKILL) or preempted (SIGTERM, exit status 143: retryable), the launcher restarts
-it, and the run must still end with every task exiting 0, the global step at exactly --train_steps,
-no step lost below the last checkpoint, and test accuracy >= 0.9."""
+it, and the run must still end with every task exiting 0, the global step at exactly
+--train_steps, no step lost below the last checkpoint, and test accuracy >= 0.9.
+
+What the tasks did is read from their events (`lowlevel.events`); the launcher's own
+report lines (restarts, failures) are checked as the user sees them."""
 
 import re
 import signal
@@ -14,12 +17,13 @@ import psutil
 import pytest
 
 import clusters
-from lowlevel import checkpoints
+from lowlevel import checkpoints, events
+
+pytestmark = pytest.mark.cluster
 
 TRAIN_STEPS = 3000
 CHECKPOINT_EVERY = 500
 FAULT_AT = 1200  # the global step after which the fault is injected
-PROGRESS = re.compile(r"^\[(\w+)\] .*step (\d+)/\d+ \|")
 
 
 class Launch:
@@ -44,20 +48,23 @@ class Launch:
     def text(self, since: float = 0.0, until: float = float("inf")) -> str:
         return "\n".join(line for t, line in list(self.lines) if since <= t < until)
 
-    def wait_for(self, predicate, timeout_secs: float, what: str):
-        """Polls the output until `predicate(line)` holds for a line; returns that line."""
+    def events(self, event=None, task=None, since=0.0, until=float("inf")) -> list[dict]:
+        """The tasks' event records (`lowlevel.events`) in [since, until), Unix seconds."""
+        return [r for r in events.read_all(str(self.out))
+                if (event is None or r["event"] == event) and (task is None or r["task"] == task)
+                and since <= r["unix_time"] < until]
+
+    def wait_for_step(self, step: int, timeout_secs: float) -> None:
+        """Polls the progress events until some task reports global step `step` or more."""
         deadline = time.monotonic() + timeout_secs
-        seen = 0
         while time.monotonic() < deadline:
-            lines = list(self.lines)
-            for _, line in lines[seen:]:
-                if predicate(line):
-                    return line
-            seen = len(lines)
-            if self.proc.poll() is not None and not self._reader.is_alive():
+            if any(r["global_step"] >= step for r in self.events("progress")):
+                return
+            if self.proc.poll() is not None:
                 break
-            time.sleep(0.05)
-        pytest.fail(f"no line with {what} within {timeout_secs} s:\n{self.text()[-4000:]}")
+            time.sleep(0.1)
+        pytest.fail(f"no progress to global step {step} within {timeout_secs} s:\n"
+                    f"{self.text()[-4000:]}")
 
     def task(self, name: str) -> psutil.Process:
         job, index = re.match(r"(\D+)(\d+)$", name).groups()
@@ -89,29 +96,30 @@ class Launch:
             self.proc.wait()
 
 
-def _progress_steps(text):
-    return [int(m.group(2)) for m in map(PROGRESS.match, text.splitlines()) if m]
+def _steps(launch, since=0.0, until=float("inf"), task=None):
+    """Global steps of the progress events in [since, until), in time order."""
+    return [r["global_step"] for r in launch.events("progress", task, since, until)]
 
 
 def _inject(tmp_path, target, signum, *flags, fault_at=FAULT_AT):
     """Runs a cluster, sends `signum` to `target` after global step `fault_at`, lets it finish.
 
-    Returns (launch, time of the fault, step of the newest checkpoint at the fault).
+    Returns (launch, Unix time of the fault, step of the newest checkpoint at the fault).
     """
     out = tmp_path / "run"
     launch = Launch(out, *flags)
     try:
-        launch.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(2)) >= fault_at,
-                        150, f"global step {fault_at}")
+        launch.wait_for_step(fault_at, 150)
         found = checkpoints.newest_readable(str(out))
         checkpoint_step = found[1] if found else 0
-        fault_time = time.monotonic()
+        fault_time, fault_mono = time.time(), time.monotonic()
         launch.task(target).send_signal(signum)
         code = launch.finish(240)
     finally:
         launch.kill()
     assert code == 0, launch.text()[-5000:]
     assert not clusters.leftovers(out)
+    launch.fault_mono = fault_mono
     return launch, fault_time, checkpoint_step
 
 
@@ -120,9 +128,9 @@ def _assert_recovered(launch, fault_time, checkpoint_step, out):
     metrics = clusters.final_metrics(out)
     assert metrics["global_step"] == TRAIN_STEPS, metrics
     assert metrics["accuracy"] >= 0.9, metrics
-    after = _progress_steps(launch.text(since=fault_time))
-    assert after, launch.text()[-3000:]
-    # Lines already in flight at the fault may still show the old step; every step seen
+    after = _steps(launch, since=fault_time)
+    assert after, launch.events(since=fault_time)
+    # Steps already in flight at the fault may still show the old step; every step seen
     # from then on is at least the last checkpoint's.
     assert min(after) >= checkpoint_step, (checkpoint_step, after[:10])
     final = checkpoints.newest_readable(str(out))
@@ -133,39 +141,42 @@ def _assert_recovered(launch, fault_time, checkpoint_step, out):
 @pytest.mark.parametrize("target", ["worker1", "ps0", "worker0"])
 def test_sigkill_of_a_task_is_survived(tmp_path, target):
     launch, fault_time, ckpt_step = _inject(tmp_path, target, signal.SIGKILL)
-    after = launch.text(since=fault_time)
+    after = launch.text(since=launch.fault_mono)
     assert f"launch: {target} was killed by SIGKILL; restarting it (restart 1 of 1)" in after
     _assert_recovered(launch, fault_time, ckpt_step, tmp_path / "run")
     if target == "ps0":  # the chief restores the newest checkpoint once the ps is back
-        m = re.search(r"new session after a failure; restored from checkpoint "
-                      r"model\.ckpt-\d+, at global step (\d+)", after)
-        assert m, after[-3000:]
-        restored = int(m.group(1))
+        recovered = launch.events("recovered", "worker0", since=fault_time)
+        assert recovered and recovered[0]["origin"] == "restored", launch.events(
+            task="worker0", since=fault_time)
+        restored = recovered[0]["restored_step"]
         assert restored >= ckpt_step
-        lost = max(_progress_steps(launch.text(until=fault_time))) - restored
+        lost = max(_steps(launch, until=fault_time)) - restored
         assert lost <= CHECKPOINT_EVERY, (lost, restored)  # at most one checkpoint interval
+        assert launch.events("fault_noticed", "worker0", since=fault_time)
     else:  # the restarted worker rejoins the running model; the chief adopts it
-        m = re.search(rf"\[{target}\] .*session ready at global step (\d+)", after)
-        assert m and int(m.group(1)) >= FAULT_AT, after[-3000:]
+        ready = launch.events("session_ready", target, since=fault_time)
+        assert ready and ready[0]["global_step"] >= FAULT_AT, launch.events(task=target)
         if target == "worker0":
-            assert "the ps tasks still held the model: continuing from it" in after
+            assert ready[0]["origin"] == "adopted", ready
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", ["worker0", "worker1", "ps0"])
 def test_sigterm_ends_a_task_within_5_s_with_status_143(tmp_path, target):
     launch, fault_time, ckpt_step = _inject(tmp_path, target, signal.SIGTERM)
-    lines = [(t, l) for t, l in launch.lines if t >= fault_time]
+    lines = [(t, l) for t, l in launch.lines if t >= launch.fault_mono]
     ended = [t for t, l in lines if f"launch: {target} exited with status 143 (stopped by "
              "SIGTERM); restarting it (restart 1 of 1)" in l]
     assert ended, launch.text()[-3000:]
-    assert ended[0] - fault_time <= 5.0
+    assert ended[0] - launch.fault_mono <= 5.0
     _assert_recovered(launch, fault_time, ckpt_step, tmp_path / "run")
+    preempted = launch.events("preempted", target, since=fault_time)
+    assert preempted and preempted[0]["signal"] == "SIGTERM", launch.events(task=target)
     if target == "worker0":  # the chief saved a checkpoint of the step it stopped at
-        m = re.search(r"preempted at global step (\d+); saved model\.ckpt-(\d+)",
-                      launch.text(since=fault_time))
-        assert m, launch.text()[-3000:]
-        assert int(m.group(2)) >= FAULT_AT and int(m.group(1)) >= int(m.group(2)) - 5
+        saved = preempted[0]["checkpoint"]
+        assert saved, preempted
+        saved_step = int(saved.rpartition("-")[2])
+        assert saved_step >= FAULT_AT and preempted[0]["global_step"] >= saved_step - 5
 
 
 @pytest.mark.timeout(300)
@@ -174,11 +185,8 @@ def test_sync_with_a_backup_worker_survives_a_dead_worker(tmp_path):
                                             "--replicas_to_aggregate=1")
     _assert_recovered(launch, fault_time, ckpt_step, tmp_path / "run")
     # No pause: the chief's own steps go on while worker1 is down.
-    restarted = next(t for t, l in launch.lines if "[worker1]" in l and "session ready" in l
-                     and t > fault_time)
-    chief_steps = [int(PROGRESS.match(l).group(2)) for t, l in launch.lines
-                   if fault_time + 0.5 < t < restarted and l.startswith("[worker0]")
-                   and PROGRESS.match(l)]
+    restarted = launch.events("session_ready", "worker1", since=fault_time)[0]["unix_time"]
+    chief_steps = _steps(launch, fault_time + 0.5, restarted, task="worker0")
     assert len(chief_steps) >= 2 and chief_steps[-1] > chief_steps[0], chief_steps
     assert clusters.final_metrics(tmp_path / "run")["sync"]
 
@@ -187,10 +195,12 @@ def test_sync_with_a_backup_worker_survives_a_dead_worker(tmp_path):
 def test_sync_without_backups_reports_the_missing_worker_and_resumes(tmp_path):
     launch, fault_time, ckpt_step = _inject(tmp_path, "worker1", signal.SIGKILL, "--sync",
                                             "--sync_timeout_secs=1")
-    after = launch.text(since=fault_time)
-    assert re.search(r"still waiting for gradients after \d+ s \(--sync_timeout_secs\); "
-                     r"not answering: worker1 at 127\.0\.0\.1:\d+", after), after[-3000:]
-    assert "complete again" in after
+    noticed = [r for r in launch.events("fault_noticed", "worker0", since=fault_time)
+               if r.get("missing")]
+    assert noticed, launch.events(task="worker0", since=fault_time)
+    assert any(re.fullmatch(r"worker1 at 127\.0\.0\.1:\d+", m) for m in noticed[0]["missing"])
+    # ... and the sync steps complete again once worker1 is back.
+    assert _steps(launch, since=noticed[-1]["unix_time"], task="worker0")
     _assert_recovered(launch, fault_time, ckpt_step, tmp_path / "run")
 
 
@@ -199,8 +209,7 @@ def test_without_restarts_a_preempted_task_fails_the_run(tmp_path):
     out = tmp_path / "run"
     launch = Launch(out, "--max_restarts=0")
     try:
-        launch.wait_for(lambda l: (m := PROGRESS.match(l)) and int(m.group(2)) >= 300, 150,
-                        "training progress")
+        launch.wait_for_step(300, 150)
         launch.task("worker1").send_signal(signal.SIGTERM)
         code = launch.finish(120)
     finally:
@@ -226,7 +235,8 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     data.write_bytes(data.read_bytes()[:1000])
     second = train(1000)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "checkpoint model.ckpt-600 is unreadable" in second.stderr
-    assert "restored from checkpoint model.ckpt-400, at global step 400" in second.stderr
+    assert "checkpoint model.ckpt-600 is unreadable" in second.stderr  # the user's warning
+    ready = clusters.task_events(out, "worker0", "session_ready")
+    assert ready[-1]["origin"] == "restored" and ready[-1]["restored_step"] == 400, ready
     assert clusters.final_metrics(out)["global_step"] == 1000
     assert clusters.final_metrics(out)["start_global_step"] == 400

@@ -70,6 +70,7 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_every_printed_line_starts_a_working_cluster(ports, tmp_path, layout):
@@ -89,7 +90,7 @@ def test_every_printed_line_starts_a_working_cluster(ports, tmp_path, layout):
     if layout == "sync_chief":
         assert metrics["global_step"] == 600 and metrics["sync"]
         assert (metrics["num_workers"], metrics["num_ps"]) == (3, 1)
-        assert "chief0: session ready" in open(logs["chief0"]).read()
+        assert clusters.task_events(out, "chief0", "session_ready")
         final = clusters.eval_metrics(out)[-1]  # the evaluator saw the final checkpoint
         assert final["global_step"] == 600 and final["accuracy"] >= 0.9, final
         last_line = open(logs["evaluator0"]).read().strip().splitlines()[-1]

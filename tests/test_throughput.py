@@ -15,6 +15,8 @@ import sys
 import psutil
 import pytest
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED = ("name", "mode", "num_ps", "num_workers", "sync", "params", "batch_size",
             "examples_per_sec", "step_ms_p50", "step_ms_p90", "bytes_per_step",

@@ -11,13 +11,18 @@ from xprocess import ProcessStarter
 
 import clusters
 
+pytestmark = pytest.mark.cluster  # every test here starts trainer processes
+
 TRAIN_FLAGS = ["--train_steps=1500", "--batch_size=64", "--log_every_secs=1"]
 
 
-def _start_ps(xprocess, name, argv):
+def _start_ps(xprocess, name, argv, output_dir, task="ps0"):
     class Starter(ProcessStarter):
-        pattern = "serving variables"
         args = argv
+
+        def startup_check(self):  # the ps waits for the chief's stop signal
+            return bool(clusters.task_events(output_dir, task, "serving"))
+
         timeout = 120
         env = clusters.ENV
         popen_kwargs = {"cwd": clusters.ROOT}
@@ -36,7 +41,8 @@ def run_cluster(xprocess, ports, tmp_path, *flags, num_workers=2, timeout_secs=2
     common = [f"--output_dir={out}", *TRAIN_FLAGS, *flags]
     procs, logs = {}, {}
     procs["ps0"], logs["ps0"] = _start_ps(
-        xprocess, f"ps-{p[0]}", clusters.trainer_argv(ps_hosts, worker_hosts, "ps", 0, *common))
+        xprocess, f"ps-{p[0]}", clusters.trainer_argv(ps_hosts, worker_hosts, "ps", 0, *common),
+        out)
     for i in range(num_workers):
         logs[f"worker{i}"] = str(tmp_path / f"worker{i}.log")
         procs[f"worker{i}"] = clusters.start(
@@ -57,12 +63,12 @@ def _summary_tags(output_dir):
     return tags
 
 
-def _assert_clean_end(statuses, logs):
+def _assert_clean_end(statuses, logs, out):
     for name, (code, _) in statuses.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"
-    last_step = min(clusters.last_step_time(logs[n]) for n in logs if n.startswith("worker"))
+    last_step = min(clusters.last_step_time(out, n) for n in logs if n.startswith("worker"))
     for name, (_, exited) in statuses.items():
-        lag = (exited - last_step).total_seconds()
+        lag = exited - last_step
         assert lag <= 10, f"{name} exited {lag:.1f} s after the last step"
 
 
@@ -75,7 +81,7 @@ MODES = {"async": [], "sync": ["--sync"], "local_sgd": ["--communication_period=
 def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path, mode):
     flags = MODES[mode]
     statuses, logs, out = run_cluster(xprocess, ports, tmp_path, *flags)
-    _assert_clean_end(statuses, logs)
+    _assert_clean_end(statuses, logs, out)
     metrics = clusters.final_metrics(out)
     assert metrics["accuracy"] >= 0.9, metrics
     assert metrics["sync"] == ("--sync" in flags)
@@ -95,7 +101,7 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     # The chief's last stdout line is the metrics JSON.
     last = [l for l in open(logs["worker0"]).read().splitlines() if l.strip()][-1]
     assert json.loads(last) == metrics
-    assert "the chief signalled the end of training" in open(logs["ps0"]).read()
+    assert clusters.task_events(out, "ps0", "stopped"), clusters.task_events(out, "ps0")
     assert _summary_tags(out) >= {"loss", "accuracy", "examples_per_sec"}
     import tensorflow as tf
     final_checkpoint = tf.train.latest_checkpoint(out)
@@ -103,8 +109,8 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
     # The non-chief starts within 2 s of the chief having the model ready (the
     # stock session manager would sleep 30 s). The chief logs "session ready"
     # after its hooks' set-up, so this measures from a little after "ready".
-    lag = (clusters.log_time(logs["worker1"], "session ready")
-           - clusters.log_time(logs["worker0"], "session ready")).total_seconds()
+    lag = (clusters.event_time(out, "worker1", "session_ready")
+           - clusters.event_time(out, "worker0", "session_ready"))
     assert lag <= 2.0, f"worker1 ready {lag:.2f} s after the chief"
 
 

@@ -1,0 +1,153 @@
+"""Structured events: what each task did, one JSON object per line, for tools to read.
+
+The human log lines are for humans and may change; tools (the launcher's
+progress display, the tests, `benchmarks/chaos.py`, `benchmarks/_runners.py`)
+read these instead. Every task appends to `<output_dir>/events/<task>.jsonl`
+(`worker0.jsonl`, `ps0.jsonl`, `evaluator0.jsonl`; in-process training:
+`worker0.jsonl`). A restarted task appends to the same file.
+
+Every record has:
+
+- `event`: one of the names below;
+- `task`: the task's name ("worker1", "ps0");
+- `unix_time`: when it happened, Unix seconds (float, this machine's clock);
+- `global_step`: the global step then (int), or null where the task does not
+  know it (a ps; a worker before its session).
+
+and, per event (fields after the colon):
+
+- `started`: TensorFlow is imported; the task starts its server or graph:
+  `schedule` (str).
+- `serving`: a ps waits for the chief's stop signal.
+- `session_ready`: a training task has its first session: `origin` (chief:
+  "initialised", "restored" or "adopted"; worker: "ready"), `restored_step`
+  (int, when restored, else null).
+- `progress`: every `--log_every_secs`, from a step: `loss` (float, the
+  batch's), `examples_per_sec` and `steps_per_sec` (floats, all workers,
+  since the previous one), `train_steps` (int).
+- `checkpoint_saved`: the chief saved a checkpoint: `path` (file name,
+  "model.ckpt-<step>"), `emergency` (bool: saved from the signal thread).
+- `fault_noticed`: a session was lost (a task failed), an exchange with the
+  ps failed, or a sync step waited `--sync_timeout_secs`: `error` (str),
+  `missing` (sync only: list of "name at host:port").
+- `recovered`: a new session replaced one lost to a fault: `origin`,
+  `restored_step`, as for `session_ready`.
+- `preempted`: SIGTERM or SIGINT: `signal` ("SIGTERM"/"SIGINT"),
+  `checkpoint` (the chief: the checkpoint it saved, else null); from the
+  signal thread of a stuck task also `stuck` (true) and `safe` (bool).
+- `done`: a training task's loop reached the last step: `local_steps` (int).
+- `stopped`: a ps got the chief's stop signal: `served_secs` (float).
+
+Appends are safe with several processes reading: each record is one
+`os.write` of a whole line to a file opened with `O_APPEND`, so a reader sees
+whole lines (a last line without its newline is still being written: skip it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Optional
+
+EVENTS_DIR = "events"
+
+_lock = threading.Lock()
+_sink: Optional[dict] = None  # {"fd": int, "task": str} once `open_log` was called
+
+
+def path(output_dir: str, task_name: str) -> str:
+    """`<output_dir>/events/<task_name>.jsonl`."""
+    return os.path.join(output_dir, EVENTS_DIR, f"{task_name}.jsonl")
+
+
+def open_log(output_dir: Optional[str], task_name: str) -> None:
+    """Makes `emit` append to this task's event file from now on (no file without `output_dir`).
+
+    Raises:
+      OSError: the events directory cannot be created or the file opened.
+    """
+    global _sink
+    if not output_dir:
+        return
+    os.makedirs(os.path.join(output_dir, EVENTS_DIR), exist_ok=True)
+    fd = os.open(path(output_dir, task_name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with _lock:
+        _sink = {"fd": fd, "task": task_name}
+
+
+def emit(event: str, global_step: Optional[int] = None, **fields) -> None:
+    """Appends one record; does nothing before `open_log`. Never raises (a full disk is logged)."""
+    with _lock:
+        if _sink is None:
+            return
+        record = {"event": event, "task": _sink["task"], "unix_time": round(time.time(), 6),
+                  "global_step": None if global_step is None else int(global_step), **fields}
+        try:
+            os.write(_sink["fd"], (json.dumps(record) + "\n").encode())
+        except OSError as e:
+            from absl import logging
+            logging.warning("could not write the %s event: %s", event, e)
+
+
+def read(file_path: str) -> list[dict]:
+    """The whole records in one task's event file, oldest first ([] if there is none yet)."""
+    try:
+        with open(file_path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in data.split(b"\n")[:-1]:  # the part after the last newline is unfinished
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def read_all(output_dir: str) -> list[dict]:
+    """Every task's records, sorted by `unix_time`."""
+    directory = os.path.join(output_dir, EVENTS_DIR)
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
+    except FileNotFoundError:
+        return []
+    records = [r for n in names for r in read(os.path.join(directory, n))]
+    return sorted(records, key=lambda r: r["unix_time"])
+
+
+class Follower:
+    """Reads the records appended to one task's file (or all) since the last call.
+
+    `new()` returns the records that have arrived whole since it was last
+    called; it keeps a byte offset per file, so a long run is read once.
+    """
+
+    def __init__(self, output_dir: str):
+        self._dir = os.path.join(output_dir, EVENTS_DIR)
+        self._offsets: dict[str, int] = {}
+
+    def new(self) -> list[dict]:
+        try:
+            names = sorted(n for n in os.listdir(self._dir) if n.endswith(".jsonl"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            file_path = os.path.join(self._dir, name)
+            try:
+                with open(file_path, "rb") as f:
+                    f.seek(self._offsets.get(name, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            whole = data[:data.rfind(b"\n") + 1]
+            self._offsets[name] = self._offsets.get(name, 0) + len(whole)
+            for line in whole.splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return sorted(out, key=lambda r: r["unix_time"])

@@ -1,0 +1,143 @@
+"""The hooks' `due()` contract, in one process: `loop.StepRunner` sends a step through the
+hooks only when one of them is due, so each must say so exactly when it needs a step."""
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from lowlevel import hooks, loop, progress
+
+v1 = tf.compat.v1
+
+
+class _Run:
+    """A minimal `run_context`/`run_values` stand-in for calling hooks directly."""
+
+    def __init__(self, session=None, results=None):
+        self.session, self.results = session, results
+
+
+def _until(predicate, timeout_secs):
+    deadline = time.monotonic() + timeout_secs
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def graph():
+    with tf.Graph().as_default() as g:
+        step = v1.train.get_or_create_global_step()
+        w = v1.get_variable("w", initializer=tf.constant(1.0))
+        loss = tf.square(w)
+        v1.summary.scalar("loss", loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            yield g, sess, step, loss
+
+
+def test_progress_is_due_at_the_first_step_then_every_interval(graph):
+    _, sess, step, loss = graph
+    state = hooks.LoopState()
+    hook = progress.ProgressHook(step, loss, 64, 100, every_secs=0.3, state=state)
+    hook.after_create_session(sess, None)
+    assert hook.due()  # the first step always logs
+    state.in_step = True
+    assert hook.before_run(_Run()) is not None
+    hook.after_run(_Run(), _Run(results={"step": 0, "loss": 1.0}))
+    assert not hook.due()
+    state.in_step = False
+    assert hook.before_run(_Run()) is None  # not a training step: fetches nothing
+    assert _until(hook.due, 2.0)
+    assert hook.first_step == 1
+
+
+def test_checkpoint_is_due_every_save_steps(graph, tmp_path):
+    g, sess, step, _ = graph
+    state = hooks.LoopState()
+    with g.as_default():
+        hook = hooks.CheckpointHook(v1.train.Saver(), str(tmp_path), state, save_steps=10)
+        hook.begin()
+    hook.after_create_session(sess, None)  # saves the state it starts from, at step 0
+    assert (tmp_path / "model.ckpt-0.index").exists()
+    for value, due in ((0, False), (9, False), (10, True)):
+        state.value = value
+        assert hook.due() is due, value
+    hook.before_run(_Run(session=sess))  # saves, and is not due again until step 20
+    assert not hook.due()
+    state.value = 20
+    assert hook.due()
+
+
+def test_summary_is_due_once_per_interval(graph, tmp_path):
+    g, _, _, _ = graph
+    state = hooks.LoopState()
+    with g.as_default():
+        hook = hooks.SummaryHook(str(tmp_path), 0.3, state)
+        hook.begin()
+    assert hook.due()
+    state.in_step = True
+    assert hook.before_run(_Run()) is not None
+    assert not hook.due()
+    assert _until(hook.due, 2.0)
+
+
+class _Probe(v1.train.SessionRunHook):
+    def __init__(self):
+        self.runs, self.is_due = 0, False
+
+    def due(self):
+        return self.is_due
+
+    def before_run(self, run_context):
+        self.runs += 1
+
+
+class _Graph:
+    def __init__(self, hook_list, steps):
+        self.hooks, self.steps = hook_list, steps
+        self.progress = self
+
+    def record(self, start, seconds):
+        pass
+
+
+def test_step_runner_goes_through_the_hooks_only_when_one_is_due(graph):
+    g, _, step, _ = graph
+    with g.as_default():
+        inc = step.assign_add(1)
+        probe = _Probe()
+        with v1.train.MonitoredSession(hooks=[probe]) as sess:
+            runner = loop.StepRunner(sess, _Graph([probe], hooks.LoopState()))
+            for _ in range(5):
+                runner(inc)
+            assert probe.runs == 0  # past the hooks: nothing due
+            probe.is_due = True
+            runner(inc)
+            assert probe.runs == 1
+            assert int(sess.run(step)) == 6  # every step ran, once
+
+
+def test_a_hook_that_acts_per_step_without_due_is_refused(graph):
+    class Undue(v1.train.SessionRunHook):
+        def after_run(self, run_context, run_values):
+            pass
+
+    class EndOnly(v1.train.SessionRunHook):
+        def end(self, session):
+            pass
+
+    with pytest.raises(TypeError, match="Undue: acts in before_run/after_run but has no due"):
+        loop.StepRunner(None, _Graph([EndOnly(), Undue()], hooks.LoopState()))
+    loop.StepRunner(None, _Graph([EndOnly(), _Probe()], hooks.LoopState()))  # accepted
+
+
+def test_only_lost_session_errors_are_retried():
+    assert loop.lost(tf.errors.UnavailableError(None, None, "ps gone"))
+    assert loop.lost(RuntimeError("Attempted to use a closed Session."))
+    assert loop.lost(loop.NoLiveSession("being recreated"))
+    assert not loop.lost(RuntimeError("a bug"))
+    assert not loop.lost(ValueError("a bug"))

@@ -1,0 +1,125 @@
+"""The arithmetic of the training steps, in one process (no servers): the exact step's
+fused small variables give the plain graph's gradients, the counted update stops at the
+last step, and local SGD's exchanges add, merge and resync as documented."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lowlevel import data as data_lib
+from lowlevel import exact, local_sgd, models
+
+v1 = tf.compat.v1
+CPU = "/device:CPU:0"
+
+
+def _batch(n=32):
+    digits = data_lib.load_digits()
+    images = digits.train.images[:n].astype(np.float32) / digits.max_value
+    return images, digits.train.labels[:n].astype(np.int64), digits
+
+
+@pytest.mark.parametrize("model,hidden", [("mlp", (128, 128)), ("cnn", (32,))])
+def test_fused_small_variables_give_the_plain_gradients(model, hidden):
+    images, labels, digits = _batch()
+    with tf.Graph().as_default():
+        x, y = tf.constant(images), tf.constant(labels)
+
+        def logits(inputs):
+            return models.build(model, inputs, digits.num_classes, hidden, 0, None)
+
+        with v1.variable_scope("", reuse=v1.AUTO_REUSE):
+            plain_loss, _ = models.loss_and_accuracy(logits(x), y)
+            variables = v1.trainable_variables()
+            plain = tf.gradients(plain_loss, variables)
+            small = exact.SmallVariables(variables, CPU)
+            small.pull()
+            with v1.variable_scope(v1.get_variable_scope(), custom_getter=small):
+                fused_loss, _ = models.loss_and_accuracy(logits(x), y)
+            fused = dict((v.op.name, g) for g, v in small.gradients(fused_loss, variables))
+        assert len(small.fused) >= 2  # the test exercises the fused path
+        assert set(fused) == {v.op.name for v in variables}
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            a, b, la, lb = sess.run([plain, [fused[v.op.name] for v in variables],
+                                     plain_loss, fused_loss])
+    assert la == pytest.approx(lb, abs=1e-6)
+    for v, ga, gb in zip(variables, a, b):
+        np.testing.assert_allclose(gb, ga, atol=1e-6, rtol=0, err_msg=v.op.name)
+        assert np.abs(ga).max() > 0, v.op.name  # a real gradient, not two zeros
+
+
+def test_counted_update_stops_at_exactly_the_last_step():
+    with tf.Graph().as_default():
+        global_step = v1.train.get_or_create_global_step()
+        w = v1.get_variable("w", initializer=tf.constant([1.0, 2.0]))
+        loss = tf.reduce_sum(tf.square(w))
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        step = exact.counted_update(opt, opt.compute_gradients(loss), global_step, 3)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            assert [int(sess.run(step)) for _ in range(3)] == [1, 2, 3]
+            with pytest.raises(tf.errors.OutOfRangeError):
+                sess.run(step)
+            assert sess.run(global_step) == 3
+            # three updates of w <- w - 0.1 * 2w, none after the last step
+            np.testing.assert_allclose(sess.run(w), np.array([1.0, 2.0]) * 0.8 ** 3, rtol=1e-6)
+
+
+class _LocalSGD:
+    """One async local-SGD worker on w (2 floats, "on the ps"), loss sum((w - 3)^2)."""
+
+    def __init__(self, period=4, last_step=10):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.global_step = v1.train.get_or_create_global_step()
+            self.copies = local_sgd.LocalCopies(CPU)
+            with v1.variable_scope("", custom_getter=self.copies):
+                w_local = v1.get_variable("w", initializer=tf.constant([1.0, -1.0]))
+            self.w = self.copies.copies[0].shards[0]
+            loss = tf.reduce_sum(tf.square(w_local - 3.0))
+            self.ops = local_sgd.build(v1.train.GradientDescentOptimizer(0.1), loss,
+                                       self.copies, self.global_step, period, last_step)
+            self.other = tf.constant([0.25, 0.5])  # what another worker pushes meanwhile
+            self.push_other = self.w.assign_add(self.other)
+            self.sess = v1.Session()
+            self.sess.run(v1.global_variables_initializer())
+            self.sess.run(v1.local_variables_initializer())
+
+    def value(self, name):
+        c = self.copies.copies[0]
+        return self.sess.run({"w": self.w, "copy": c.copy, "anchor": c.anchor,
+                              "snapshot": c.snapshot, "fresh": c.fresh}[name])
+
+
+def test_local_sgd_send_merge_and_resync_arithmetic():
+    s = _LocalSGD()
+    w0 = s.value("w")
+    np.testing.assert_allclose(s.value("copy"), w0)  # the copy starts from the ps value
+    np.testing.assert_allclose(s.value("anchor"), w0)
+    for _ in range(3):
+        s.sess.run(s.ops.local_step)
+    c1 = s.value("copy")
+    np.testing.assert_allclose(s.value("w"), w0)  # local steps do not touch the ps
+    s.sess.run(s.push_other)
+    s.sess.run(s.ops.send)  # pushes c1 - anchor, takes the ps value back
+    w1 = s.value("w")
+    np.testing.assert_allclose(w1, w0 + np.array([0.25, 0.5]) + (c1 - w0), atol=1e-6)
+    np.testing.assert_allclose(s.value("fresh"), w1, atol=1e-6)
+    np.testing.assert_allclose(s.value("snapshot"), c1, atol=1e-6)
+    s.sess.run(s.ops.local_step)  # training goes on while the exchange is in flight
+    c2 = s.value("copy")
+    s.sess.run(s.ops.merge)  # copy + (fresh - snapshot): the other worker's push, no step lost
+    np.testing.assert_allclose(s.value("copy"), c2 + np.array([0.25, 0.5]), atol=1e-6)
+    np.testing.assert_allclose(s.value("anchor"), w1, atol=1e-6)
+    s.sess.run(s.push_other)
+    s.sess.run(s.ops.resync)  # after a failed exchange: the ps value, as it is
+    np.testing.assert_allclose(s.value("copy"), s.value("w"), atol=1e-6)
+    np.testing.assert_allclose(s.value("anchor"), s.value("w"), atol=1e-6)
+
+
+def test_local_sgd_claims_blocks_up_to_exactly_the_last_step():
+    s = _LocalSGD(period=4, last_step=10)
+    claims = [tuple(int(x) for x in s.sess.run(s.ops.claim)) for _ in range(5)]
+    assert claims == [(0, 4), (4, 4), (8, 2), (10, 0), (10, 0)]
+    assert s.sess.run(s.global_step) == 10
