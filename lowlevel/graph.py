@@ -75,8 +75,7 @@ class _Mode:
 
     @classmethod
     def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "_Mode":
-        # A sparseCluster (the operator's dynamic workers) does not say how many
-        # workers there are (None): each worker trains as if alone (async only).
+        # A sparseCluster (dynamic workers) does not say how many: async, one replica here.
         num_workers = (cluster.num_workers or 1) if cluster else 1
         return cls(num_workers, config.replicas_to_aggregate or num_workers,
                    bool(config.sync and cluster),
@@ -114,13 +113,12 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         model_fn = models.for_config(config, data, partitioner)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
-            # With dynamic workers (no worker count) each reads the whole split in
-            # its own order instead of a shard.
-            dynamic = bool(cluster and cluster.num_workers is None)
-            shards, shard = (1, 0) if dynamic else (mode.num_workers, task.replica_index)
+            if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
+                shards, shard, seed = 1, 0, config.seed + task.replica_index
+            else:
+                shards, shard, seed = mode.num_workers, task.replica_index, config.seed
             iter_init, feed, (images, labels) = data_lib.train_input(
-                data, config.batch_size, shards, shard,
-                config.seed + task.replica_index - shard)
+                data, config.batch_size, shards, shard, seed)
             opt = make_optimizer(config.optimizer, config.lr)
             if mode.local:
                 step = _local_sgd_step(config, mode, model_fn, images, labels, opt,
