@@ -1,0 +1,109 @@
+"""Network faults end in a word, not a hang (issue 12): each task on its own netns host.
+
+A ps frozen with SIGSTOP or cut off for good: every worker notices within
+--step_timeout_secs, names the task that does not answer (fault_noticed
+events) and exits 200 (retryable) within --fault_timeout_secs. A ps cut off
+for a while and healed: training resumes within seconds and every task exits
+0 at exactly --train_steps.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+
+from lowlevel import netns
+from tests import clusters
+
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(netns.unavailable() is not None,
+                                 reason=str(netns.unavailable()))]
+
+NAMES = {"ps0": ["f-ps-0.ml.svc"], "worker0": ["f-worker-0.ml.svc"],
+         "worker1": ["f-worker-1.ml.svc"]}
+PS, WORKERS = ["f-ps-0.ml.svc:2222"], ["f-worker-0.ml.svc:2222", "f-worker-1.ml.svc:2222"]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Starts 1 ps + 2 workers on three hosts; yields (hosts, procs, out); removes everything."""
+    with netns.Hosts(NAMES) as hosts:
+        out = tmp_path / "out"
+        started = {}
+
+        def start(*flags):
+            for name in NAMES:
+                job, index = name[:-1], int(name[-1])
+                argv = clusters.trainer_argv(PS, WORKERS, job, index, f"--output_dir={out}",
+                                             "--save_checkpoint_steps=100", "--log_every_secs=0.5",
+                                             "--startup_timeout_secs=60", *flags)
+                log = open(tmp_path / f"{name}.log", "w")
+                started[name] = hosts.popen(name, argv, stdout=log, stderr=log, cwd=clusters.ROOT,
+                                            env=clusters.ENV, stdin=-3)
+            return started
+        yield hosts, start, out
+        for proc in started.values():  # a SIGSTOPped ps must be able to die
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+    assert not [n for n in netns.leftovers() if n.startswith(tuple(hosts.namespaces.values()))]
+
+
+def wait_for_step(out, step, timeout_secs=120):
+    """Polls the chief's progress events until the global step reaches `step`."""
+    deadline = time.monotonic() + timeout_secs
+    while time.monotonic() < deadline:
+        seen = [r["global_step"] for r in clusters.task_events(out, "worker0", "progress")]
+        if seen and max(seen) >= step:
+            return max(seen)
+        time.sleep(0.2)
+    raise AssertionError(f"the chief did not reach global step {step} in {timeout_secs} s")
+
+
+def noticed(out, task):
+    return clusters.task_events(out, task, "fault_noticed")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", ["sigstop", "partition"])
+def test_a_ps_that_stops_answering_for_good_ends_every_worker_with_200(cluster, fault):
+    hosts, start, out = cluster
+    procs = start("--train_steps=100000", "--step_timeout_secs=3", "--fault_timeout_secs=15")
+    wait_for_step(out, 50)
+    if fault == "sigstop":
+        os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    else:
+        hosts.partition("ps0")
+    struck = time.time()
+    workers = {k: v for k, v in procs.items() if k != "ps0"}
+    done = clusters.wait_all(workers, 90)
+    for name, (code, when) in done.items():
+        assert code == 200, (name, code, clusters.tail(out.parent / f"{name}.log"))
+        # noticed within a few deadlines; gave up after the limit, well before a hang
+        first = noticed(out, name)
+        assert first, f"{name}: no fault_noticed event"
+        assert first[0]["unix_time"] - struck < 15, first[0]
+        assert 15 <= when - struck < 60, (name, when - struck)
+        named = [r for r in first if any(m.startswith("ps0 at ") for m in r.get("missing", []))]
+        assert named, f"{name} never named ps0: {first}"
+
+
+@pytest.mark.timeout(300)
+def test_a_ps_partitioned_20_s_then_healed_resumes_and_ends_exact(cluster):
+    hosts, start, out = cluster
+    procs = start("--train_steps=1500", "--step_timeout_secs=3", "--fault_timeout_secs=60")
+    wait_for_step(out, 50)
+    hosts.partition("ps0")
+    time.sleep(20)  # the outage itself (not a wait for a result)
+    hosts.heal("ps0")
+    healed = time.time()
+    done = clusters.wait_all(procs, 180)
+    assert {n: c for n, (c, _) in done.items()} == {n: 0 for n in NAMES}, \
+        {n: clusters.tail(out.parent / f"{n}.log") for n, (c, _) in done.items() if c}
+    assert clusters.final_metrics(out)["global_step"] == 1500
+    # every worker noticed, and the first progress after the heal came within seconds
+    for name in ("worker0", "worker1"):
+        assert noticed(out, name), f"{name}: no fault_noticed event"
+    after = [r["unix_time"] for r in clusters.task_events(out, "worker0", "progress")
+             if r["unix_time"] > healed]
+    assert after and after[0] - healed < 15, after[:1]
