@@ -9,6 +9,7 @@ for a while and healed: training resumes within seconds and every task exits
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -20,33 +21,70 @@ pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(netns.unavailable() is not None,
                                  reason=str(netns.unavailable()))]
 
-NAMES = {"ps0": ["f-ps-0.ml.svc"], "worker0": ["f-worker-0.ml.svc"],
-         "worker1": ["f-worker-1.ml.svc"]}
-PS, WORKERS = ["f-ps-0.ml.svc:2222"], ["f-worker-0.ml.svc:2222", "f-worker-1.ml.svc:2222"]
+PORT = 2222
+
+
+def names(num_workers):
+    """{host: [its name]} of 1 ps + `num_workers` workers."""
+    return {"ps0": ["f-ps-0.ml.svc"],
+            **{f"worker{i}": [f"f-worker-{i}.ml.svc"] for i in range(num_workers)}}
+
+
+NAMES = names(2)
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    """Starts 1 ps + 2 workers on three hosts; yields (hosts, procs, out); removes everything."""
-    with netns.Hosts(NAMES) as hosts:
-        out = tmp_path / "out"
-        started = {}
+def make_cluster(tmp_path):
+    """start(*flags, workers=2) runs 1 ps + workers on their own hosts; returns (hosts, procs, out).
 
-        def start(*flags):
-            for name in NAMES:
-                job, index = name[:-1], int(name[-1])
-                argv = clusters.trainer_argv(PS, WORKERS, job, index, f"--output_dir={out}",
-                                             "--save_checkpoint_steps=100", "--log_every_secs=0.5",
-                                             "--startup_timeout_secs=60", *flags)
-                log = open(tmp_path / f"{name}.log", "w")
-                started[name] = hosts.popen(name, argv, stdout=log, stderr=log, cwd=clusters.ROOT,
-                                            env=clusters.ENV, stdin=-3)
-            return started
-        yield hosts, start, out
-        for proc in started.values():  # a SIGSTOPped ps must be able to die
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-    assert not [n for n in netns.leftovers() if n.startswith(tuple(hosts.namespaces.values()))]
+    Everything (processes, namespaces, hosts files) is removed after the test.
+    """
+    made, started = [], {}
+    out = tmp_path / "out"
+
+    def start(*flags, workers=2):
+        hosts = netns.Hosts(names(workers))
+        made.append(hosts)
+        ps = [f"f-ps-0.ml.svc:{PORT}"]
+        workers_hosts = [f"f-worker-{i}.ml.svc:{PORT}" for i in range(workers)]
+        for name in names(workers):
+            job, index = name.rstrip("0123456789"), int(name.lstrip("pswork"))
+            argv = clusters.trainer_argv(ps, workers_hosts, job, index, f"--output_dir={out}",
+                                         "--save_checkpoint_steps=100", "--log_every_secs=0.5",
+                                         "--startup_timeout_secs=60", *flags)
+            log = open(tmp_path / f"{name}.log", "w")
+            started[name] = hosts.popen(name, argv, stdout=log, stderr=log, cwd=clusters.ROOT,
+                                        env=clusters.ENV, stdin=subprocess.DEVNULL)
+        return hosts, started, out
+    yield start
+    for proc in started.values():  # a SIGSTOPped ps must be able to die
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+    for hosts in made:
+        hosts.close()
+        assert not [n for n in netns.leftovers()
+                    if n.startswith(tuple(hosts.namespaces.values()))]
+
+
+class _LateHosts:
+    """The `netns.Hosts` of a cluster not started yet: looked up when used."""
+
+    def __init__(self):
+        self.hosts = None
+
+    def __getattr__(self, name):
+        return getattr(self.hosts, name)
+
+
+@pytest.fixture
+def cluster(make_cluster, tmp_path):
+    """(hosts, start(*flags) -> procs, out) for 1 ps + 2 workers (the common case)."""
+    late = _LateHosts()
+
+    def start(*flags):
+        late.hosts, procs, _ = make_cluster(*flags)
+        return procs
+    yield late, start, tmp_path / "out"
 
 
 def wait_for_step(out, step, timeout_secs=120):
@@ -147,3 +185,28 @@ def test_a_host_name_that_stops_resolving_mid_run_does_not_stop_training(cluster
         f.writelines(line for line in lines if "f-ps-0" not in line)
     # the established channel to the ps is unaffected: training ends as usual
     assert_all_exit_0_exact(procs, out, 1500)
+
+
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("workers,replicas", [(2, 2), (3, 2)], ids=["no_backup", "backup"])
+def test_one_sync_worker_partitioned_then_healed(make_cluster, workers, replicas):
+    hosts, procs, out = make_cluster("--sync", f"--replicas_to_aggregate={replicas}",
+                                     "--train_steps=600", "--step_timeout_secs=3",
+                                     "--fault_timeout_secs=60", workers=workers)
+    wait_for_step(out, 30)
+    victim = f"worker{workers - 1}"
+    hosts.partition(victim)
+    cut = time.time()
+    time.sleep(15)  # the outage itself
+    hosts.heal(victim)
+    assert_all_exit_0_exact(procs, out, 600)
+    assert any(r["unix_time"] - cut < 15 for r in noticed(out, victim))
+    chief_waited = [r for r in noticed(out, "worker0") if cut <= r["unix_time"] <= cut + 15]
+    if replicas < workers:  # a backup worker: the chief never waited
+        assert not chief_waited, chief_waited
+        during = [r["global_step"] for r in clusters.task_events(out, "worker0", "progress")
+                  if cut + 3 <= r["unix_time"] <= cut + 15]
+        assert len(set(during)) > 1, during  # the global step moved during the outage
+    else:  # no backup: the chief's steps waited, naming the cut-off worker
+        assert any(any(m.startswith(f"{victim} at ") for m in r.get("missing") or [])
+                   for r in chief_waited), chief_waited
