@@ -8,6 +8,17 @@ checkpoint was written by a different model (other `--model`,
 `--hidden_units`, `--dataset` or optimizer), TensorFlow's restore fails deep
 inside session creation with a long traceback; `check_compatible` finds the
 mismatch before anything runs or is written, and names the variable.
+
+Checkpoints are portable between the modes and cluster shapes: every mode
+saves the same names (`saved_names`; a variable sharded over the ps tasks is
+saved as one logical tensor, the communication-reduced mode saves the
+chief's optimizer slots under the names the exact mode uses), so a
+checkpoint of one mode restores in any other, with any number of ps tasks or
+workers, or in one process. What a checkpoint may lack is the optimizer's
+state (a checkpoint from before the communication-reduced mode saved its
+slots): that starts fresh, with one warning line naming it
+(`PartialRestore`); a missing model variable, or another shape, is still an
+error.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel.config import RuntimeFailure
+
+v1 = tf.compat.v1
 
 GLOBAL_STEP = "global_step"
 _warned: set = set()  # unreadable checkpoints already reported by this process
@@ -129,14 +142,18 @@ def check_finished(checkpoint_dir: Optional[str], train_steps: int) -> None:
         raise TrainingFinished(*found)
 
 
-def check_compatible(checkpoint_dir: Optional[str], variables: Iterable,
-                     path: Optional[str] = None) -> Optional[str]:
+def check_compatible(checkpoint_dir: Optional[str], variables, path: Optional[str] = None,
+                     optional: Iterable[str] = ()) -> Optional[str]:
     """Checks that checkpoint `path` (default: the newest) holds every variable, same shape and dtype.
 
     Args:
       checkpoint_dir: the `--output_dir`.
-      variables: the `tf.Variable`s a restore would read (the saver's list).
+      variables: the `tf.Variable`s a restore would read (the saver's list),
+        or the saver's {name in checkpoints: variable or list of shards}.
       path: a checkpoint path prefix; None picks the newest in `checkpoint_dir`.
+      optional: names a restore may do without (the optimizer's state, see
+        `PartialRestore`), provided the checkpoint holds nothing this model
+        lacks (which would be the state of another optimizer or model).
 
     Returns:
       The checkpoint's path prefix, or None when there is no checkpoint.
@@ -162,15 +179,101 @@ def check_compatible(checkpoint_dir: Optional[str], variables: Iterable,
         if name in dtypes and dtypes[name] != dtype:
             raise CheckpointMismatch(f"{where}: variable {name} is {dtypes[name].name} there "
                                      f"but {dtype.name} in this model: {advice}")
+    optional = set(optional)
+    foreign = set(shapes) - set(wanted)
     for name, (mine, _) in wanted.items():
-        if name not in shapes:
+        if name not in shapes and (name not in optional or foreign):
             raise CheckpointMismatch(f"{where} has no variable {name} (shape {mine} in this "
                                      f"model): {advice}")
     return path
 
 
+def missing_names(path: str, variables) -> list[str]:
+    """Names (in checkpoints) of `variables` (a list, or a saver's dict) that checkpoint `path` lacks."""
+    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    return sorted(name for name in _logical(variables) if name not in shapes)
+
+
+def saved_names(variables, renamed: Optional[dict] = None) -> dict:
+    """The var_list of a `Saver` that writes `variables` under their checkpoint names.
+
+    A sharded variable's shards go under the whole variable's name (as the
+    default `Saver` does); each variable in `renamed` ({name: variable})
+    under the name given there instead of its own.
+
+    Returns:
+      {name in checkpoints: variable, or the list of a sharded variable's shards}.
+    """
+    renamed = dict(renamed or {})
+    taken = {id(v) for v in renamed.values()}
+    names: dict = {}
+    for var in variables:
+        if id(var) in taken:
+            continue
+        info = getattr(var, "_save_slice_info", None)
+        if info is not None:
+            names.setdefault(info.full_name, []).append(var)
+        else:
+            names[var.op.name] = var
+    names.update(renamed)
+    return names
+
+
+class StateSaver(v1.train.Saver):
+    """A `Saver` that first runs `before_save` (e.g. copying worker-local state to the ps).
+
+    The communication-reduced mode keeps its optimizer slots on each worker;
+    `before_save` copies the chief's to the variables this saver writes.
+    """
+
+    def __init__(self, var_list, before_save=None, **kwargs):
+        super().__init__(var_list, **kwargs)
+        self._before_save = before_save
+
+    def save(self, sess, *args, **kwargs):
+        if self._before_save is not None:
+            sess.run(self._before_save)
+        return super().save(sess, *args, **kwargs)
+
+
+class PartialRestore:
+    """Restores a checkpoint that lacks some optimizer state: the rest from it, that fresh.
+
+    Build it (in the training graph, before the session is created) when
+    `missing_names` finds names that `check_compatible` allowed as optional;
+    it logs one warning line naming them. The chief's session creator then
+    initialises every variable and calls `restore`, which reads from the
+    checkpoint all the variables it holds.
+
+    Attributes:
+      path: the checkpoint's path prefix.
+      missing: the names it lacks, which start from their initial values.
+    """
+
+    def __init__(self, path: str, names: dict, missing: Iterable[str]):
+        self.path, self.missing = path, sorted(missing)
+        present = {k: v for k, v in names.items() if k not in set(self.missing)}
+        self._saver = v1.train.Saver(present, sharded=True)
+        logging.warning(
+            "checkpoint %s holds no optimizer state for %d variable(s) (%s): restoring the "
+            "model and global_step from it; the optimizer's state starts fresh",
+            os.path.basename(path), len(self.missing), ", ".join(self.missing))
+
+    def restore(self, sess) -> None:
+        """Restores what the checkpoint holds (after the init op has run)."""
+        self._saver.restore(sess, self.path)
+
+
 def _logical(variables) -> dict:
     """{name in checkpoints: (shape, dtype)}; a sharded variable's shards count as one."""
+    if isinstance(variables, dict):
+        found = {}
+        for name, var in variables.items():
+            first = var[0] if isinstance(var, (list, tuple)) else var
+            info = getattr(first, "_save_slice_info", None)
+            shape = list(info.full_shape) if info is not None else first.shape.as_list()
+            found[name] = (shape, first.dtype.base_dtype)
+        return found
     found = {}
     for var in variables:
         info = getattr(var, "_save_slice_info", None)

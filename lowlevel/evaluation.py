@@ -15,7 +15,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import checkpoints, files, models
+from lowlevel import checkpoints, export, files, models
 from lowlevel import data as data_lib
 from lowlevel.config import TrainConfig
 from lowlevel.exit_codes import TransientFailure
@@ -101,6 +101,8 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     `<output_dir>/eval/` (`eval_train/` for the training split) and appends a
     record to `eval_metrics.json` there: global_step, loss (mean
     cross-entropy), accuracy (fraction), num_examples, split, checkpoint.
+    With `config.export_every_checkpoint` it also exports each checkpoint as
+    a SavedModel (`lowlevel.export`).
 
     Returns:
       The record of the checkpoint whose global_step is >= `config.train_steps`.
@@ -152,6 +154,8 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
                 _write_records(records_path, records)
                 logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f", step,
                              split_name, record["accuracy"], record["loss"])
+                if config.export_every_checkpoint and config.keep_exports:
+                    _export(path, config, data)
                 if step >= config.train_steps:
                     return record
     finally:
@@ -159,6 +163,17 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     raise EvalTimeout(f"evaluator: no new checkpoint in {config.output_dir} for "
                       f"{config.eval_timeout_secs:g} s (--eval_timeout_secs) before the one of "
                       f"global step {config.train_steps}: is the chief running?")
+
+
+def _export(path: str, config: TrainConfig, data: data_lib.DataSet) -> None:
+    """`--export_every_checkpoint`: exports checkpoint `path`; one it cannot read is skipped."""
+    try:
+        export.export(path, export.export_base(config.output_dir), config, data,
+                      config.keep_exports)
+    except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile (--keep_checkpoint_max)
+        logging.warning("evaluator: could not export %s (deleted by the chief's "
+                        "--keep_checkpoint_max?): %s", os.path.basename(path),
+                        getattr(e, "message", e))
 
 
 def _read_records(path: str) -> list:

@@ -24,7 +24,8 @@ from typing import Optional
 import tensorflow as tf
 
 from lowlevel import data as data_lib
-from lowlevel import evaluation, exact, hooks, local_sgd, models, placement, probes, shutdown
+from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
+                      probes, shutdown)
 from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -60,6 +61,8 @@ class TrainGraph:
     final_eval: Optional[evaluation.FinalEvalHook]
     examples_per_step: int  # examples per global step, all workers
     steps: hooks.LoopState  # the global step as the loop last saw it
+    saved: dict  # the saver's {name in checkpoints: variable or its shards}
+    optimizer_names: set  # the names in `saved` that are optimizer state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +76,7 @@ class _Mode:
 
     @classmethod
     def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "_Mode":
-        # A sparseCluster (the operator's dynamic workers) does not say how many
-        # workers there are (None): each worker trains as if alone (async only).
+        # A sparseCluster (dynamic workers) does not say how many: async, one replica here.
         num_workers = (cluster.num_workers or 1) if cluster else 1
         return cls(num_workers, config.replicas_to_aggregate or num_workers,
                    bool(config.sync and cluster),
@@ -112,13 +114,12 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         model_fn = functools.partial(_model, config, data, partitioner)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
-            # With dynamic workers (no worker count) each reads the whole split in
-            # its own order instead of a shard.
-            dynamic = bool(cluster and cluster.num_workers is None)
-            shards, shard = (1, 0) if dynamic else (mode.num_workers, task.replica_index)
+            if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
+                shards, shard, seed = 1, 0, config.seed + task.replica_index
+            else:
+                shards, shard, seed = mode.num_workers, task.replica_index, config.seed
             iter_init, feed, (images, labels) = data_lib.train_input(
-                data, config.batch_size, shards, shard,
-                config.seed + task.replica_index - shard)
+                data, config.batch_size, shards, shard, seed)
             opt = make_optimizer(config.optimizer, config.lr)
             if mode.local:
                 step = _local_sgd_step(config, mode, model_fn, images, labels, opt,
@@ -138,12 +139,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
-        scaffold = v1.train.Scaffold(
-            local_init_op=tf.group(v1.local_variables_initializer(),
-                                   v1.tables_initializer(), iter_init),
-            local_init_feed_dict=feed,
-            saver=v1.train.Saver(sharded=True, max_to_keep=config.keep_checkpoint_max,
-                                 save_relative_paths=True))
+        scaffold, saved, optimizer_names = _scaffold(config, graph, step.local_ops,
+                                                     iter_init, feed)
         examples_per_step = config.batch_size * (mode.replicas if mode.sync else 1)
         steps = hooks.LoopState()
         progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
@@ -153,7 +150,32 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         run_hooks = _hooks(config, mode, cluster, task, step, global_step, scaffold, steps,
                            progress, final_eval, channel, preempted)
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
-                      run_hooks, progress, final_eval, examples_per_step, steps)
+                      run_hooks, progress, final_eval, examples_per_step, steps, saved,
+                      optimizer_names)
+
+
+def _scaffold(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed):
+    """(scaffold, saved, optimizer names): local init and a saver of the portable names.
+
+    Every mode saves the same names (`checkpoints.saved_names`), so a
+    checkpoint resumes in any mode; the communication-reduced mode's local
+    optimizer state is saved through its twins on the ps and loaded from them
+    at local init (`lowlevel.optimizer_state`).
+    """
+    local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(), iter_init)
+    state = local_ops.state if local_ops else None
+    if state:  # the optimizer's local state starts from its twins on the ps
+        with tf.control_dependencies([local_init]):
+            local_init = tf.group(state.load_state)
+    saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
+                                    state.names if state else None)
+    scaffold = v1.train.Scaffold(
+        local_init_op=local_init, local_init_feed_dict=feed,
+        saver=checkpoints.StateSaver(saved, state.save_state if state else None, sharded=True,
+                                     max_to_keep=config.keep_checkpoint_max,
+                                     save_relative_paths=True))
+    model_names = checkpoints.saved_names(v1.trainable_variables())
+    return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
 
 
 def _model(config: TrainConfig, data: data_lib.DataSet, partitioner, images):

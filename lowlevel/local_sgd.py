@@ -28,7 +28,8 @@ the one block by which the pulled values lag. What it trades, with several
 workers: a worker's steps start from parameters that miss up to 2K of each
 other worker's steps (the exact async mode misses up to one), and the
 optimizer's slots (Adagrad accumulators, Adam moments) are per worker instead
-of shared. The benchmark reports the test accuracy of both modes beside their
+of shared (the chief's are what checkpoints hold: `lowlevel.optimizer_state`).
+The benchmark reports the test accuracy of both modes beside their
 speed; `--communication_period=1` switches it off.
 
 With `--sync` the exchange is synchronous model averaging instead: the ps
@@ -50,6 +51,8 @@ import dataclasses
 from typing import Optional
 
 import tensorflow as tf
+
+from lowlevel import optimizer_state
 
 v1 = tf.compat.v1
 
@@ -127,6 +130,8 @@ class LocalSGDOps:
         it and evaluates to the next round, as `claim`.
       sync_optimizer: sync: the `SyncReplicasOptimizer` that averages the
         deltas (its hook runs the chief's sync loop).
+      state: the optimizer state's twins on the ps, saved in checkpoints
+        under the exact mode's names (`optimizer_state.Mirrors`).
     """
 
     local_step: object
@@ -136,6 +141,7 @@ class LocalSGDOps:
     resync: Optional[object] = None
     exchange: Optional[object] = None
     sync_optimizer: Optional[object] = None
+    state: Optional[optimizer_state.Mirrors] = None
 
 
 def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: int,
@@ -143,7 +149,8 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
     """Builds the local step and the exchanges for the model built with `copies`.
 
     The optimizer's slots and other variables it creates (for the copies, on
-    the worker) are moved to the local variables.
+    the worker) are moved to the local variables; their twins on the ps
+    (`optimizer_state.Mirrors`) carry them in and out of checkpoints.
 
     Sync (`sync` = (replicas_to_aggregate, total workers)): each worker's
     -delta goes through a `SyncReplicasOptimizer` as if it were a gradient:
@@ -166,11 +173,17 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
     graph = v1.get_default_graph()
     before = set(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
     local_step = opt.minimize(loss, var_list=[c.copy for c in copies.copies])
-    _make_local([v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
-                 if v not in before])
+    made = [v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES) if v not in before]
+    _make_local(made)
+    state = optimizer_state.Mirrors(
+        made, {c.copy.op.name: (c.copy.op.name[:-len("/local")], c.shards[0].device)
+               for c in copies.copies}, global_step.device)
     if sync is None:
-        return _build_async(local_step, copies, global_step, period, last_step)
-    return _build_sync(local_step, copies, global_step, period, last_step, *sync)
+        ops = _build_async(local_step, copies, global_step, period, last_step)
+    else:
+        ops = _build_sync(local_step, copies, global_step, period, last_step, *sync)
+    ops.state = state
+    return ops
 
 
 def _build_async(local_step, copies: LocalCopies, global_step, period, last_step):

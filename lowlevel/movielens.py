@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from lowlevel.config import UsageError
+from lowlevel.config import RuntimeFailure
 
 # u.item's 19 genre flags, in file order (GroupLens' u.genre).
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
@@ -36,8 +36,11 @@ RECBOLE = ("ml-100k.inter", "ml-100k.user", "ml-100k.item")
 LIKED = 4  # a rating of at least this is a positive example
 
 
-class MovieLensError(UsageError):
-    """The MovieLens files are missing, truncated or malformed; the message names the file."""
+class MovieLensError(RuntimeFailure):
+    """The MovieLens files are missing, truncated or malformed; the message names the file.
+
+    A permanent failure (exit status 1, `exit_codes.FAILURE`), as for `data.DataError`.
+    """
 
 
 @dataclasses.dataclass(frozen=True)

@@ -81,10 +81,11 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
 
     A session on a cluster whose ps is down waits in CreateSession forever,
     logging "CreateSession still waiting for response from worker"; this
-    bounded wait names the task instead. A host name that does not resolve
-    (yet: on Kubernetes, a new pod's Service name, kubeflow/training-operator#1458)
-    is retried the same way, and named as such at the deadline. It runs before
-    every session is created, the ones that recover from a ps failure included.
+    bounded wait names the task instead. It runs before every session is
+    created, the ones that recover from a ps failure included. A host name that
+    does not resolve (yet: on Kubernetes, a new pod's Service name,
+    kubeflow/training-operator#1458) is retried the same way, and named as such
+    at the deadline.
 
     Args:
       timeout_secs: the longest wait, seconds.

@@ -113,7 +113,9 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
        is: nothing trained since the last checkpoint is lost;
     3. else the newest checkpoint that reads whole is restored
        (`checkpoints.newest_readable`: a truncated newest one is skipped, with
-       a warning, for the one before);
+       a warning, for the one before); if it is `partial.path` (a checkpoint
+       lacking some optimizer state, `checkpoints.PartialRestore`), every
+       variable is initialised and then what it holds restored;
     4. else the model is initialised.
 
     Attributes:
@@ -123,9 +125,10 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
     """
 
     def __init__(self, scaffold, master, config, checkpoint_dir, wait_for_cluster=None,
-                 cluster_alive=None):
+                 cluster_alive=None, partial=None):
         super().__init__(scaffold=scaffold, master=master, config=config)
         self._output_dir = checkpoint_dir
+        self._partial = partial
         self._wait_for_cluster = wait_for_cluster
         self._cluster_alive = cluster_alive
         self.origin = self.restored_from = None
@@ -149,7 +152,14 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
             self._checkpoint_filename_with_path = (self.restored_from[0] if self.restored_from
                                                    else None)
             self.origin = "restored" if self.restored_from else "initialised"
-            sess = super().create_session()
+            if self._partial is not None and self._checkpoint_filename_with_path == \
+                    self._partial.path:
+                sess = manager.prepare_session(
+                    self._master, init_op=self._scaffold.init_op,
+                    init_feed_dict=self._scaffold.init_feed_dict, config=self._config,
+                    init_fn=self._partial.restore)
+            else:
+                sess = super().create_session()
         if self.sessions > 1:
             logging.info("chief: new session after a failure; %s", self.describe())
             fields = self.event_fields()

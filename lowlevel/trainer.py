@@ -183,6 +183,10 @@ def main(argv, preemption) -> int:
                 shutdown.stop_cluster(server, cluster, session_config,
                                       min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
+            from lowlevel import export
+            export_dir = export.ensure_exported(done.path, done.step, config)
+            if export_dir:
+                metrics["export_dir"] = export_dir
     if preemption.signum is not None:  # stopped at a safe point: retryable
         return exit_codes.signal_status(preemption.signum)
     if metrics is not None:

@@ -17,7 +17,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import checkpoints, events, faults, files, loop, probes, sessions
+from lowlevel import checkpoints, events, export, faults, files, loop, probes, sessions
 from lowlevel.graph import TrainGraph, build
 from lowlevel.cluster import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
@@ -46,7 +46,9 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     global_step, start_global_step, accuracy, loss (test split),
     train_examples_per_sec (all workers), wall_seconds (from building the
     graph to the end of the final evaluation and shutdown handshake), num_ps,
-    num_workers, sync, model, dataset, batch_size. Every training task also
+    num_workers, sync, model, dataset, batch_size, and export_dir (the
+    SavedModel of the final checkpoint, `lowlevel.export`; unless
+    --keep_exports=0). Every training task also
     writes its own step times to `<output_dir>/tasks/<task>.json`
     (`progress.ProgressHook.task_record`).
 
@@ -68,11 +70,15 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     preempted = preemption.requested if preemption else threading.Event()
     g = build(config, data, cluster, task, worker_gpu, preempted)
     newest = checkpoints.newest_readable(config.output_dir)
-    checkpoints.check_compatible(config.output_dir,
-                                 g.graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
-                                 newest[0] if newest else None)
+    path = checkpoints.check_compatible(config.output_dir, g.saved, newest[0] if newest else None,
+                                        optional=g.optimizer_names)
+    partial = None
+    if path and task.is_chief and checkpoints.missing_names(path, g.saved):
+        with g.graph.as_default():
+            partial = checkpoints.PartialRestore(path, g.saved,
+                                                 checkpoints.missing_names(path, g.saved))
     with g.graph.as_default():
-        creator = _session_creator(config, cluster, task, g, server, session_config)
+        creator = _session_creator(config, cluster, task, g, server, session_config, partial)
         logging.info("%s: graph built in %.1f s; creating session", task.name,
                      time.monotonic() - started)
         try:
@@ -118,6 +124,11 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         logging.info("%s: training done at global step %s after %d local steps",
                      task.name, g.progress.end_step, g.progress.local_steps)
         metrics = _final_metrics(config, cluster, g, time.monotonic() - started)
+        if task.is_chief and config.output_dir and config.keep_exports:
+            # After the session: from the final checkpoint, in a fresh graph.
+            metrics["export_dir"] = export.export(
+                checkpoints.latest(config.output_dir), export.export_base(config.output_dir),
+                config, data, config.keep_exports)
         if config.output_dir:
             files.write_json(os.path.join(config.output_dir, "tasks", f"{task.name}.json"),
                              dict(task=task.name, **g.progress.task_record()))
@@ -128,8 +139,12 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
 
 
 def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task,
-                     g: TrainGraph, server, session_config):
-    """The chief's or a worker's session creator (`sessions`), bound to the cluster's probes."""
+                     g: TrainGraph, server, session_config,
+                     partial: Optional[checkpoints.PartialRestore] = None):
+    """The chief's or a worker's session creator (`sessions`), bound to the cluster's probes.
+
+    `partial`: the chief's restore of a checkpoint that lacks some optimizer state.
+    """
     master = server.target if server else ""
     wait_for_cluster = cluster_alive = None
     if cluster and session_config is not None:
@@ -158,7 +173,8 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
 
     if task.is_chief:
         return sessions.ChiefSessionCreator(g.scaffold, master, session_config,
-                                            config.output_dir, wait_for_cluster, cluster_alive)
+                                            config.output_dir, wait_for_cluster, cluster_alive,
+                                            partial)
     return sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                          config.startup_timeout_secs, wait_for_cluster,
                                          cluster_alive)

