@@ -145,8 +145,14 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
             try:
                 sess = manager.wait_for_session(self._master, self._config, max_wait_secs=0)
                 self.origin = "adopted"
-            except tf.errors.DeadlineExceededError:
-                pass  # the ps tasks hold no initialised model
+            except tf.errors.DeadlineExceededError as e:
+                # "Session was not ready after waiting 0 secs": the ps tasks hold no
+                # initialised model. Any other deadline (--step_timeout_secs, a
+                # ready check against a ps not answering yet) says nothing about
+                # the model: restoring now would throw the live model away, so
+                # the error goes to the training loop, which retries (bounded).
+                if "not ready" not in str(e):
+                    raise
         if sess is None:
             self.restored_from = checkpoints.newest_readable(self._output_dir)
             self._checkpoint_filename_with_path = (self.restored_from[0] if self.restored_from
