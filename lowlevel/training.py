@@ -172,9 +172,11 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
                                    flag="--fault_timeout_secs")
 
     if task.is_chief:
-        return sessions.ChiefSessionCreator(g.scaffold, master, session_config,
-                                            config.output_dir, wait_for_cluster, cluster_alive,
-                                            partial)
+        creator = sessions.ChiefSessionCreator(g.scaffold, master, session_config,
+                                               config.output_dir, wait_for_cluster,
+                                               cluster_alive, partial)
+        creator.retry_secs = config.fault_timeout_secs
+        return creator
     return sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                          config.startup_timeout_secs, wait_for_cluster,
                                          cluster_alive)

@@ -133,10 +133,11 @@ def assert_all_exit_0_exact(procs, out, steps):
     assert clusters.final_metrics(out)["global_step"] == steps
 
 
-def first_progress_after(out, when):
-    after = [r["unix_time"] for r in clusters.task_events(out, "worker0", "progress")
-             if r["unix_time"] > when]
-    return after[0] - when if after else None
+def first_after(out, when, events_, tasks=("worker0", "worker1")):
+    """Seconds from `when` to the first of `events_` any of `tasks` recorded after it, or None."""
+    after = [r["unix_time"] for t in tasks for r in clusters.task_events(out, t)
+             if r["event"] in events_ and r["unix_time"] > when]
+    return min(after) - when if after else None
 
 
 @pytest.mark.timeout(420)
@@ -154,8 +155,12 @@ def test_a_ps_partitioned_then_healed_resumes_and_ends_exact(cluster, outage_sec
     # every worker noticed, and the first progress after the heal came within seconds
     for name in ("worker0", "worker1"):
         assert noticed(out, name), f"{name}: no fault_noticed event"
-    resumed = first_progress_after(out, healed)
+    # the cluster steps again within seconds of the heal; the chief too, once gRPC's
+    # keepalive has replaced its stale connection (10 s + 5 s, trainer.GRPC_KEEPALIVE)
+    resumed = first_after(out, healed, ("progress", "done"))
     assert resumed is not None and resumed < 15, resumed
+    chief_back = first_after(out, healed, ("fault_cleared", "recovered", "done"), ("worker0",))
+    assert chief_back is not None and chief_back < 30, chief_back
 
 
 @pytest.mark.timeout(300)
