@@ -230,7 +230,10 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
                                       f"{procs.log(name)}"}
     if main.returncode != 0:
         log = procs.log(name)
-        if main.returncode == 2 and "communication_period" in log:
+        if main.returncode == 2 and _flag(flags, "communication_period") not in (None, "1"):
+            # A usage error (the exit status says so) for a communication-reduced
+            # run: the trainer refuses that mode for this configuration; the
+            # message is shown, not read.
             return {"ok": False, "skipped": _error_line(log)}
         return {"ok": False, "error": f"{name} exited {main.returncode}:\n{log}"}
     tasks = []

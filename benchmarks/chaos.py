@@ -10,10 +10,9 @@ While a segment trains, faults come on a random schedule (exponential gaps,
 mean `--mean_fault_interval_secs`): a random task (ps0, the chief worker0,
 worker1, ...) gets SIGKILL (killed by the signal) or SIGTERM (it stops at a safe point
 and exits 143); both are retryable (lowlevel/exit_codes.py) and the launcher restarts it.
-One fault
-at a time: the next waits until the task hit by the last one is back. When
-`--duration_secs` has passed no new fault is injected and the current segment
-trains to its end.
+One fault at a time: the next waits until the task hit by the last one is back. When
+`--duration_secs` (counted from the first training step) has passed no new fault is
+injected and the current segment trains to its end.
 
 A fault is *survived* when its segment ends with every task exiting 0 and the
 global step at exactly the segment's `--train_steps`. Per fault it measures,
@@ -44,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Optional
 
 import psutil
 from absl import app, flags
@@ -51,7 +51,8 @@ from absl import app, flags
 from lowlevel import events
 
 FLAGS = flags.FLAGS
-flags.DEFINE_float("duration_secs", 300.0, "Seconds during which faults are injected.")
+flags.DEFINE_float("duration_secs", 300.0, "Seconds during which faults are injected, "
+                   "from the first training step.")
 flags.DEFINE_float("mean_fault_interval_secs", 8.0, "Mean gap between faults (exponential).")
 flags.DEFINE_integer("seed", 0, "Seed of the fault schedule.")
 flags.DEFINE_integer("num_workers", 2, "Workers (worker 0 is the chief).")
@@ -121,17 +122,41 @@ def back_time(seg: Segment, fault: dict):
     return back[0]["unix_time"] if back else None
 
 
-def inject(seg: Segment, rng: random.Random, faults: list, deadline: float) -> None:
-    """Injects faults into `seg` until it ends or the deadline passes."""
+class Window:
+    """The `--duration_secs` of fault injection, counted from the first training step.
+
+    Counting from the launch instead would let a slow start (TensorFlow's
+    imports on a loaded machine) use up a short window before any task trains.
+    """
+
+    def __init__(self, secs: float):
+        self.secs = secs
+        self.deadline: Optional[float] = None
+
+    def start(self) -> None:
+        if self.deadline is None:
+            self.deadline = time.time() + self.secs
+
+    def over(self) -> bool:
+        return self.deadline is not None and time.time() >= self.deadline
+
+
+def inject(seg: Segment, rng: random.Random, faults: list, window: Window) -> None:
+    """Injects faults into `seg` until it ends or the window closes."""
     names = [f"ps{i}" for i in range(FLAGS.num_ps)] + [f"worker{i}" for i in
                                                        range(FLAGS.num_workers)]
-    while seg.proc.poll() is None and time.time() < deadline:
+    while seg.proc.poll() is None and window.deadline is None:  # not training yet
+        if seg.steps():
+            window.start()
+        else:
+            time.sleep(0.1)
+    while seg.proc.poll() is None and not window.over():
         gap = min(max(rng.expovariate(1 / FLAGS.mean_fault_interval_secs), 2.0), 30.0)
         end = time.time() + gap
         while time.time() < end and seg.proc.poll() is None:
             time.sleep(0.1)
         progress = seg.steps()
-        if seg.proc.poll() is not None or time.time() >= deadline or not progress:
+        if seg.proc.poll() is not None or window.over() or not progress:
             continue
         target, signame = rng.choice(names), rng.choice(FLAGS.signals)
         proc = seg.task(target)
@@ -199,17 +224,17 @@ def main(argv):
     run_dir = os.path.join(out, "run")
     rng = random.Random(FLAGS.seed)
     started = time.time()
-    deadline = started + FLAGS.duration_secs
+    window = Window(FLAGS.duration_secs)
     faults, segments, target = [], [], 0
     print(f"chaos: {FLAGS.duration_secs:.0f} s of faults ({', '.join(FLAGS.signals)}) on "
           f"{FLAGS.num_ps} ps + {FLAGS.num_workers} workers, "
           f"{'sync' if FLAGS.sync else 'async'}; run in {run_dir}", flush=True)
-    while time.time() < deadline:
+    while not window.over():
         target += FLAGS.segment_steps
         seg = Segment(run_dir, target)
         first = len(faults)
         try:
-            inject(seg, rng, faults, deadline)
+            inject(seg, rng, faults, window)
             code = seg.proc.wait(timeout=600)
         except subprocess.TimeoutExpired:
             code = None
@@ -236,6 +261,7 @@ def main(argv):
         if not ok:
             print("\n".join(seg.tail), flush=True)
             break
+        window.start()  # a segment that ended before its first progress record
     rows = summarize(faults)
     final = segments[-1] if segments else {}
     report = {"duration_secs": round(time.time() - started, 1), "seed": FLAGS.seed,

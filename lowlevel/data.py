@@ -29,7 +29,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.config import RuntimeFailure
+from lowlevel import ctr_data
+from lowlevel.config import RuntimeFailure, UsageError
 
 
 class DataError(RuntimeFailure):
@@ -80,6 +81,26 @@ def load(name: str, data_dir: Optional[str] = None) -> DataSet:
     if name == "synthetic":
         return synthetic()
     raise UsageError(f"--dataset={name}: expected one of digits, mnist, synthetic")
+
+
+def load_for(config) -> "DataSet | ctr_data.CtrDataSet":
+    """The data set `config` (a `TrainConfig`) names: images, or click-through data for wide_deep.
+
+    Raises:
+      DataError / movielens.MovieLensError: as `load` / `ctr_data.load_movielens`.
+    """
+    if config.dataset == "movielens":
+        return ctr_data.load_movielens(config.data_dir, config.hash_buckets, seed=0)
+    if config.dataset == "synthetic_ctr":
+        return ctr_data.synthetic_ctr(config.vocab_size, config.hash_buckets)
+    return load(config.dataset, config.data_dir)
+
+
+def probe_inputs(data):
+    """A one-example batch of zeros of `data`'s input, to build a model for measuring it."""
+    if isinstance(data, ctr_data.CtrDataSet):
+        return ctr_data.probe_features(data)
+    return tf.zeros([1, *data.image_shape])
 
 
 def load_digits() -> DataSet:
@@ -286,6 +307,8 @@ def train_input(data: DataSet, batch_size: int, num_shards: int, shard: int, see
       (initializer op, feed dict for it, (images float32 `[batch_size, H, W, 1]`,
       labels int64 `[batch_size]`)).
     """
+    if isinstance(data, ctr_data.CtrDataSet):
+        return ctr_data.train_input(data, batch_size, num_shards, shard, seed)
     idx = shard_indices(len(data.train), num_shards, shard)
     images, labels, feed = _placeholders(Split(data.train.images[idx], data.train.labels[idx]))
     ds = tf.data.Dataset.from_tensor_slices((images, labels))
@@ -304,6 +327,8 @@ def eval_input(split: Split, max_value: float, batch_size: int = 1000):
       (initializer op, feed dict for it, (images float32 `[b, H, W, 1]`,
       labels int64 `[b]`)); run the initializer before each pass.
     """
+    if isinstance(split, ctr_data.CtrSplit):
+        return ctr_data.eval_input(split, batch_size)
     images, labels, feed = _placeholders(split)
     ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
     ds = ds.map(lambda x, y: (normalize(x, max_value), y))

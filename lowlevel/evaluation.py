@@ -1,4 +1,4 @@
-"""Evaluating the model on a whole split: loss and accuracy.
+"""Evaluating the model on a whole split: loss and accuracy; for wide_deep also AUC and log loss.
 
 The evaluation graph reuses the training model's variables (the `model/`
 scope is built with AUTO_REUSE), so on a worker it reads them from the ps
@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -32,34 +33,71 @@ class EvalOps:
     sum_loss: object   # float32 scalar: summed cross-entropy of the batch
     num_correct: object  # int64 scalar
     num_examples: object  # int32 scalar
+    # Binary models (one logit per example): float32 `[b]` probabilities and int64 `[b]` labels.
+    probabilities: object = None
+    labels: object = None
 
 
-def build(split: data_lib.Split, max_value: float, model: str, num_classes: int,
-          hidden_units, seed: int = 0, partitioner=None) -> EvalOps:
-    """Builds the evaluation of `model` on `split` (batches of 1,000 images).
+def build(split, max_value: float, model_fn) -> EvalOps:
+    """Builds the evaluation of `model_fn` (inputs -> logits) on `split`, in batches of 1,000.
 
-    `partitioner` must be the training model's, so that its variables are reused.
+    `model_fn` must build the training model (`models.for_config`, with its
+    partitioner), so that its variables are reused.
     """
-    initializer, feed, (images, labels) = data_lib.eval_input(split, max_value)
+    initializer, feed, (inputs, labels) = data_lib.eval_input(split, max_value)
     with tf.name_scope("eval"):
-        logits = models.build(model, images, num_classes, hidden_units, seed, partitioner)
-        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-        correct = tf.equal(tf.argmax(logits, axis=1), labels)
+        logits = model_fn(inputs)
+        if logits.shape.rank == 1:  # one logit: sigmoid
+            losses = tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=tf.cast(labels, tf.float32), logits=logits)
+            correct = tf.equal(tf.cast(logits > 0, tf.int64), labels)
+            binary = (tf.sigmoid(logits), labels)
+        else:
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                    logits=logits)
+            correct = tf.equal(tf.argmax(logits, axis=1), labels)
+            binary = (None, None)
         return EvalOps(initializer, feed, tf.reduce_sum(losses),
-                       tf.reduce_sum(tf.cast(correct, tf.int64)), tf.shape(labels)[0])
+                       tf.reduce_sum(tf.cast(correct, tf.int64)), tf.shape(labels)[0], *binary)
 
 
 def evaluate(sess, ops: EvalOps) -> dict:
-    """Runs one pass; returns {"loss": mean cross-entropy, "accuracy": fraction, "num_examples"}."""
+    """Runs one pass; returns {"loss": mean cross-entropy, "accuracy": fraction, "num_examples"}.
+
+    For a binary model also "auc" (area under the ROC curve, exact, from every
+    example's probability; scikit-learn's `roc_auc_score`) and "log_loss"
+    (mean binary cross-entropy of the float32 probabilities, clipped to
+    [1e-7, 1 - 1e-7], nats; "loss" is the same from the logits, unclipped).
+    """
     sess.run(ops.initializer, ops.feed)
     total_loss, correct, n = 0.0, 0, 0
+    fetches = [ops.sum_loss, ops.num_correct, ops.num_examples]
+    binary = ops.probabilities is not None
+    if binary:
+        fetches += [ops.probabilities, ops.labels]
+    scores, truth = [], []
     while True:
         try:
-            loss, c, b = sess.run([ops.sum_loss, ops.num_correct, ops.num_examples])
+            loss, c, b, *rest = sess.run(fetches)
         except tf.errors.OutOfRangeError:
             break
         total_loss, correct, n = total_loss + float(loss), correct + int(c), n + int(b)
-    return {"loss": total_loss / max(n, 1), "accuracy": correct / max(n, 1), "num_examples": n}
+        if binary:
+            scores.append(rest[0])
+            truth.append(rest[1])
+    result = {"loss": total_loss / max(n, 1), "accuracy": correct / max(n, 1), "num_examples": n}
+    if binary and n:
+        result.update(_binary_metrics(np.concatenate(truth), np.concatenate(scores)))
+    return result
+
+
+def _binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict:
+    """{"auc", "log_loss"} of probabilities float `[N]` for labels {0, 1} `[N]`."""
+    from sklearn.metrics import log_loss, roc_auc_score
+    auc = (float(roc_auc_score(labels, probabilities)) if len(np.unique(labels)) == 2
+           else None)  # undefined with one class
+    return {"auc": auc, "log_loss": float(log_loss(labels, np.clip(probabilities, 1e-7,
+                                                                   1 - 1e-7), labels=[0, 1]))}
 
 
 class FinalEvalHook(v1.train.SessionRunHook):
@@ -97,7 +135,8 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     half-written checkpoint is never read; one deleted by the chief's
     `--keep_checkpoint_max` before it is read is skipped with a warning.
 
-    Per checkpoint it writes `loss` and `accuracy` summaries to
+    Per checkpoint it writes `loss` and `accuracy` (binary models: also `auc`
+    and `log_loss`) summaries to
     `<output_dir>/eval/` (`eval_train/` for the training split) and appends a
     record to `eval_metrics.json` there: global_step, loss (mean
     cross-entropy), accuracy (fraction), num_examples, split, checkpoint.
@@ -117,8 +156,7 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     graph = tf.Graph()
     with graph.as_default():
         global_step = v1.train.get_or_create_global_step()
-        ops = build(split, data.max_value, config.model, data.num_classes,
-                    config.hidden_units, config.seed)
+        ops = build(split, data.max_value, models.for_config(config, data))
         variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
         saver = v1.train.Saver(variables)
         graph.finalize()
@@ -147,13 +185,15 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
                 record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
                               checkpoint=os.path.basename(path))
                 writer.add_summary(v1.Summary(value=[
-                    v1.Summary.Value(tag="loss", simple_value=record["loss"]),
-                    v1.Summary.Value(tag="accuracy", simple_value=record["accuracy"])]), step)
+                    v1.Summary.Value(tag=tag, simple_value=record[tag])
+                    for tag in ("loss", "accuracy", "auc", "log_loss")
+                    if record.get(tag) is not None]), step)
                 writer.flush()
                 records = [r for r in records if r["global_step"] != step] + [record]
                 _write_records(records_path, records)
-                logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f", step,
-                             split_name, record["accuracy"], record["loss"])
+                logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
+                             split_name, record["accuracy"], record["loss"],
+                             f" | auc {record['auc']:.4f}" if record.get("auc") else "")
                 if config.export_every_checkpoint and config.keep_exports:
                     _export(path, config, data)
                 if step >= config.train_steps:

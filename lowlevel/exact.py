@@ -22,6 +22,8 @@ import collections
 
 import tensorflow as tf
 
+from lowlevel import embeddings
+
 v1 = tf.compat.v1
 
 SMALL_BYTES = 64 << 10  # below this a variable's transfer costs its RPC, not its bytes
@@ -32,7 +34,8 @@ class SmallVariables:
 
     Build the model once without it (creating the variables), call `pull`,
     then build the model again with it: the small variables' reads come from
-    one flat tensor per ps. `gradients` then gives (gradient, variable) pairs
+    one flat tensor per ps. Embedding tables (`embeddings.TABLES`) are never
+    fused, however small: they are read row by row. `gradients` then gives (gradient, variable) pairs
     with the small ones' gradients sent back in one flat tensor per ps.
     """
 
@@ -41,7 +44,8 @@ class SmallVariables:
         self._groups = collections.defaultdict(list)  # ps device -> [variable]
         for v in variables:
             whole = getattr(v, "_save_slice_info", None) is None
-            if whole and v.shape.is_fully_defined() and _bytes(v) < SMALL_BYTES:
+            # An embedding table stays a variable: its gradient must stay sparse.
+            if whole and not embeddings.is_table(v) and v.shape.is_fully_defined() and _bytes(v) < SMALL_BYTES:
                 self._groups[v.device].append(v)
         self._groups = {d: vs for d, vs in self._groups.items() if len(vs) > 1}
         self._values: dict[str, object] = {}

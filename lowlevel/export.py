@@ -55,8 +55,18 @@ def export_base(output_dir: str) -> str:
     return os.path.join(output_dir, EXPORT_SUBDIR)
 
 
+def exportable(config: TrainConfig) -> bool:
+    """Whether `config`'s model has an export: the image models (wide_deep takes feature
+    dicts, which the `images` signature does not describe; not exported yet)."""
+    if config.model == "wide_deep":
+        logging.info("no SavedModel export for --model=wide_deep (its input is a dict of "
+                     "features, not images); the checkpoints hold the model")
+        return False
+    return True
+
+
 def export(checkpoint_path: str, base: str, config: TrainConfig, data: data_lib.DataSet,
-           keep: Optional[int] = None) -> str:
+           keep: Optional[int] = None) -> Optional[str]:
     """Exports checkpoint `checkpoint_path` as the SavedModel `<base>/<global step>/`.
 
     Args:
@@ -68,12 +78,15 @@ def export(checkpoint_path: str, base: str, config: TrainConfig, data: data_lib.
 
     Returns:
       The export's directory. If it exists already (exported by the chief or
-      the evaluator before), it is left as it is.
+      the evaluator before), it is left as it is. None for a model that has no
+      export (`exportable`).
 
     Raises:
       tf.errors.OpError, OSError: the checkpoint cannot be read, or the
         export cannot be written (no partial export is left behind).
     """
+    if not exportable(config):
+        return None
     step = int(tf.train.load_checkpoint(checkpoint_path).get_tensor(checkpoints.GLOBAL_STEP))
     target = os.path.join(base, str(step))
     if os.path.isdir(target):
@@ -109,7 +122,7 @@ def ensure_exported(checkpoint_path: str, step: int, config: TrainConfig) -> Opt
     there is something to export. Returns the export's directory, or None
     with `--keep_exports=0`.
     """
-    if not config.keep_exports or not config.output_dir:
+    if not config.keep_exports or not config.output_dir or not exportable(config):
         return None
     base = export_base(config.output_dir)
     if os.path.isdir(os.path.join(base, str(step))):

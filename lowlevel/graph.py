@@ -17,7 +17,6 @@ The hooks come in the order of the end-of-training protocol
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from typing import Optional
 
@@ -111,7 +110,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         v1.set_random_seed(config.seed)
         device, partitioner = (_placement(config, data, cluster, task, worker_gpu)
                                if cluster else (None, None))
-        model_fn = functools.partial(_model, config, data, partitioner)
+        model_fn = models.for_config(config, data, partitioner)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
@@ -128,14 +127,14 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             elif cluster:
                 step = _exact_step(config, mode, model_fn, images, labels, opt, global_step,
                                    placement.worker_device(task.task_index, worker_gpu,
-                                                           task.job_name), data.image_shape)
+                                                           task.job_name),
+                                   lambda: data_lib.probe_inputs(data))
             else:
                 step = _in_process_step(config, model_fn, images, labels, opt, global_step)
             final_eval = None
             if task.is_chief:
-                final_eval = evaluation.FinalEvalHook(evaluation.build(
-                    data.test, data.max_value, config.model, data.num_classes,
-                    config.hidden_units, config.seed, partitioner), skip=preempted)
+                final_eval = evaluation.FinalEvalHook(
+                    evaluation.build(data.test, data.max_value, model_fn), skip=preempted)
             channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
@@ -178,12 +177,6 @@ def _scaffold(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed):
     return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
 
 
-def _model(config: TrainConfig, data: data_lib.DataSet, partitioner, images):
-    """The model's logits for `images` (float32 `[batch, *image_shape]`)."""
-    return models.build(config.model, images, data.num_classes, config.hidden_units,
-                        config.seed, partitioner)
-
-
 def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, task: Task,
                worker_gpu: int):
     """(device function, variable partitioner or None) of a training task.
@@ -193,7 +186,8 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
     over the ps tasks (`placement`).
     """
     def probe(partitioner):
-        return lambda: _model(config, data, partitioner, tf.zeros([1, *data.image_shape]))
+        return lambda: models.for_config(config, data, partitioner)(
+            data_lib.probe_inputs(data))
 
     total = sum(placement.measure_variables(probe(None)).values())
     partitioner = placement.partitioner(cluster.num_ps, total)
@@ -212,9 +206,9 @@ def _in_process_step(config, model_fn, images, labels, opt, global_step) -> _Ste
 
 
 def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
-                worker_device: str, image_shape: tuple) -> _Step:
+                worker_device: str, probe_inputs) -> _Step:
     """The exact mode: small variables travel together (`lowlevel.exact`); async or sync."""
-    model_fn(tf.zeros([1, *image_shape]))  # creates the variables
+    model_fn(probe_inputs())  # creates the variables
     small = exact.SmallVariables(v1.trainable_variables(), worker_device)
     small.pull()
     with v1.variable_scope(v1.get_variable_scope(), custom_getter=small):
@@ -241,7 +235,8 @@ def _local_sgd_step(config, mode: _Mode, model_fn, images, labels, opt, global_s
         loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
     ops = local_sgd.build(opt, loss, copies, global_step, config.communication_period,
                           config.train_steps,
-                          (mode.replicas, mode.num_workers) if mode.sync else None)
+                          (mode.replicas, mode.num_workers) if mode.sync else None,
+                          make_optimizer(config.optimizer, config.lr))
     return _Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
 
 

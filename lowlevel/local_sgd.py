@@ -52,7 +52,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from lowlevel import optimizer_state
+from lowlevel import embeddings, optimizer_state
 
 v1 = tf.compat.v1
 
@@ -87,18 +87,30 @@ class LocalCopies:
     (`placement.partitioner`) gets one copy of its whole shape: the shards
     are concatenated when pulled and the delta is split when pushed.
 
+    Embedding tables (`embeddings.TABLES`) get no copy: a worker never holds
+    a table. The model looks their rows up on the ps tasks and every local
+    step applies their sparse gradients there directly, as the exact mode
+    does (`build`).
+
     Attributes:
       copies: one `Copy` per trainable variable, in creation order.
+      tables: the shards of every embedding table, in creation order.
     """
 
     def __init__(self, worker_device: str):
         self.device = worker_device
         self.copies: list[Copy] = []
+        self.tables: list = []
         self._by_name: dict[str, object] = {}
 
     def __call__(self, getter, name, *args, **kwargs):
         var = getter(name, *args, **kwargs)
         if not kwargs.get("trainable", True):
+            return var
+        if embeddings.is_table_request(kwargs):
+            if name not in self._by_name:
+                self.tables += _shards(var)
+                self._by_name[name] = var
             return var
         if name in self._by_name:  # the model was built a second time (reuse)
             return self._by_name[name]
@@ -145,7 +157,7 @@ class LocalSGDOps:
 
 
 def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: int,
-          sync: Optional[tuple[int, int]] = None) -> LocalSGDOps:
+          sync: Optional[tuple[int, int]] = None, table_opt=None) -> LocalSGDOps:
     """Builds the local step and the exchanges for the model built with `copies`.
 
     The optimizer's slots and other variables it creates (for the copies, on
@@ -169,10 +181,22 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
       period: K, the local steps per exchange.
       last_step: `--train_steps`.
       sync: None, or (replicas_to_aggregate, total number of workers).
+      table_opt: another instance of `opt`'s optimizer, for the embedding
+        tables (`copies.tables`): their sparse gradients go to the ps every
+        local step, and its slots stay there, shared by all workers.
     """
     graph = v1.get_default_graph()
+    local_vars = [c.copy for c in copies.copies]
+    grads = tf.gradients(loss, local_vars + copies.tables)
+    updates = []
+    table_grads = [(g, v) for g, v in zip(grads[len(local_vars):], copies.tables)
+                   if g is not None]
+    if table_grads:
+        updates.append((table_opt or opt).apply_gradients(table_grads))
     before = set(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
-    local_step = opt.minimize(loss, var_list=[c.copy for c in copies.copies])
+    updates.append(opt.apply_gradients(
+        [(g, v) for g, v in zip(grads[:len(local_vars)], local_vars) if g is not None]))
+    local_step = tf.group(updates)
     made = [v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES) if v not in before]
     _make_local(made)
     state = optimizer_state.Mirrors(

@@ -11,27 +11,42 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from lowlevel import wide_deep
+
 v1 = tf.compat.v1
 
 
 def build(name: str, images, num_classes: int, hidden_units: Sequence[int], seed: int = 0,
-          partitioner=None):
+          partitioner=None, sparse=None):
     """Returns logits float32 `[B, num_classes]` for images float32 `[B, H, W, C]`.
+
+    "wide_deep" takes a dict of features instead (`lowlevel.ctr_data`) and
+    `sparse` (a `wide_deep.Spec`), and returns one logit per example, `[B]`.
 
     Args:
       name: "softmax" (one linear layer), "mlp" (ReLU layers of `hidden_units`)
-        or "cnn" (two 5x5 conv + 2x2 max-pool blocks of 32 and 64 channels, then
+        "cnn" (two 5x5 conv + 2x2 max-pool blocks of 32 and 64 channels, then
         a ReLU layer of `hidden_units[0]`).
       partitioner: shards the variables (`placement.partitioner`); a sharded
         kernel is used as one tensor, its shards concatenated.
     Raises:
       ValueError: unknown name.
     """
-    builders = {"softmax": _softmax, "mlp": _mlp, "cnn": _cnn}
+    builders = {"softmax": _softmax, "mlp": _mlp, "cnn": _cnn, "wide_deep": None}
     if name not in builders:
         raise ValueError(f"unknown model {name!r}; expected one of {', '.join(builders)}")
     with v1.variable_scope("model", reuse=v1.AUTO_REUSE, partitioner=partitioner):
+        if name == "wide_deep":
+            return wide_deep.logits(images, sparse, tuple(hidden_units), seed, dense)
         return builders[name](images, num_classes, tuple(hidden_units), seed)
+
+
+def for_config(config, data, partitioner=None):
+    """`inputs -> logits` of `config`'s model (a `TrainConfig`) on `data` (its input's shape)."""
+    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2) if config.model == "wide_deep"
+              else None)
+    return lambda inputs: build(config.model, inputs, data.num_classes, config.hidden_units,
+                                config.seed, partitioner, sparse)
 
 
 def _flatten(x):
@@ -94,7 +109,13 @@ def _cnn(images, num_classes, hidden_units, seed):
 
 
 def loss_and_accuracy(logits, labels):
-    """Mean cross-entropy and accuracy, float32 scalars, for labels int64 `[B]`."""
+    """Mean cross-entropy and accuracy, float32 scalars, for labels int64 `[B]`.
+
+    Logits `[B, num_classes]`: softmax cross-entropy; one logit per example
+    `[B]` (wide_deep): sigmoid cross-entropy.
+    """
+    if logits.shape.rank == 1:
+        return wide_deep.loss_and_accuracy(logits, labels)
     loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=labels, logits=logits))
     correct = tf.equal(tf.argmax(logits, axis=1), labels)

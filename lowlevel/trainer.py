@@ -152,7 +152,7 @@ def main(argv, preemption) -> int:
         server = server_lib.start(cluster, task, session_config)
         return shutdown.run_std_server(server, task, session_config)
     if evaluating:
-        data = data_lib.load(config.dataset, config.data_dir)
+        data = data_lib.load_for(config)
         from lowlevel import evaluation
         record = evaluation.continuous_eval(
             config, data, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA,
@@ -164,7 +164,7 @@ def main(argv, preemption) -> int:
         server = server_lib.start(cluster, task, session_config)
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)
-        data = data_lib.load(config.dataset, config.data_dir)
+        data = data_lib.load_for(config)
         worker_gpu = config.worker_gpu
         if worker_gpu is None:
             worker_gpu = len(tf.config.list_physical_devices("GPU"))

@@ -208,6 +208,7 @@ def _final_metrics(config, cluster, g: TrainGraph, wall_seconds: float) -> dict:
         "start_global_step": g.progress.initial_step,
         "accuracy": result.get("accuracy"),
         "loss": result.get("loss"),
+        **{k: result[k] for k in ("auc", "log_loss") if k in result},
         "train_examples_per_sec": round(g.progress.examples_per_sec, 1),
         "wall_seconds": round(wall_seconds, 3),
         "num_ps": cluster.num_ps if cluster else 0,

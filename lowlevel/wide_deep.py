@@ -1,0 +1,93 @@
+"""The wide & deep click-through model (Cheng et al., "Wide & Deep Learning for Recommender
+Systems", DLRS 2016), from `tf.compat.v1` primitives.
+
+For features as `lowlevel.ctr_data` gives them (`dense` float32 `[B, D]`,
+`categorical` int64 `[B, F]`, `crosses` int64 `[B, C]`):
+
+- wide: a linear model over the categorical ids and the hashed crosses (a
+  `[rows, 1]` weight table per field and per cross) and the dense features;
+- deep: one `[rows, embedding_dim]` table per categorical field, the rows of
+  the example's ids concatenated with the dense features, then ReLU layers of
+  `hidden_units` and a linear unit;
+- one logit, their sum; the loss is sigmoid cross-entropy.
+
+Tables are `lowlevel.embeddings` tables: partitioned by rows over the ps tasks,
+looked up with deduplicated ids, trained with sparse gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import tensorflow as tf
+
+from lowlevel import embeddings
+
+v1 = tf.compat.v1
+
+
+def _l2_rows(rows, weight: float):
+    """Identity on looked-up rows `[B, d]` whose gradient adds `weight / B * rows`.
+
+    That is the gradient of an L2 penalty `weight / 2 * mean_b ||rows_b||^2`
+    (frequency-weighted, on the rows a batch touches: the gradient stays sparse).
+    """
+    if not weight:
+        return rows
+
+    @tf.custom_gradient
+    def penalised(x):
+        def grad(dy):
+            return dy + weight / tf.cast(tf.shape(x)[0], x.dtype) * x
+        return tf.identity(x), grad
+    return penalised(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The shape of the sparse input: rows per categorical field, crosses, embedding width."""
+
+    field_sizes: tuple[int, ...]
+    num_crosses: int
+    hash_buckets: int
+    embedding_dim: int
+    l2: float = 0.0  # L2 weight on the embedding rows a batch touches (`_l2_rows`)
+
+    @classmethod
+    def of(cls, data, embedding_dim: int, l2: float = 0.0) -> "Spec":
+        return cls(tuple(data.field_sizes), len(data.cross_names), data.hash_buckets,
+                   embedding_dim, l2)
+
+
+def logits(features: dict, spec: Spec, hidden_units, seed: int, dense_layer):
+    """float32 `[B]` logits. `dense_layer(x, units, name, seed, activation)` as `models.dense`."""
+    dense = features["dense"]
+    categorical, crosses = features["categorical"], features["crosses"]
+    wide_terms, deep_inputs = [], [dense]
+    with v1.variable_scope("wide"):
+        for f, rows in enumerate(spec.field_sizes):
+            w = embeddings.table(f"field{f}", rows, 1, 1e-3, seed + f)
+            wide_terms.append(embeddings.lookup(w, categorical[:, f]))
+        for c in range(spec.num_crosses):
+            w = embeddings.table(f"cross{c}", spec.hash_buckets, 1, 1e-3, seed + 100 + c)
+            wide_terms.append(embeddings.lookup(w, crosses[:, c]))
+        wide = tf.add_n(wide_terms) + dense_layer(dense, 1, "dense", seed)
+    with v1.variable_scope("deep"):
+        for f, rows in enumerate(spec.field_sizes):
+            t = embeddings.table(f"embedding{f}", rows, spec.embedding_dim,
+                                 1.0 / math.sqrt(spec.embedding_dim), seed + 200 + f)
+            deep_inputs.append(_l2_rows(embeddings.lookup(t, categorical[:, f]), spec.l2))
+        x = tf.concat(deep_inputs, axis=1)
+        for i, units in enumerate(hidden_units):
+            x = dense_layer(x, units, f"hidden{i}", seed + 300 + i, tf.nn.relu)
+        deep = dense_layer(x, 1, "logit", seed + 400)
+    return tf.reshape(wide + deep, [-1])
+
+
+def loss_and_accuracy(logit, labels):
+    """Mean sigmoid cross-entropy and accuracy (logit > 0), float32 scalars; labels int64 `[B]`."""
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.float32), logits=logit))
+    correct = tf.equal(tf.cast(logit > 0, tf.int64), labels)
+    return loss, tf.reduce_mean(tf.cast(correct, tf.float32))
