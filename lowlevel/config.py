@@ -201,6 +201,15 @@ class TrainConfig:
         30.0, "Sync mode: how long one step may wait for gradients before the chief logs "
         "which workers do not answer (it keeps waiting; the step completes when they are "
         "back).", above=0)
+    step_timeout_secs: float = _field(
+        60.0, "Deadline of each session.run of the training loop (a step, a claim, an "
+        "exchange). A run past it (a ps frozen or cut off by a partition: no error, just "
+        "silence) is reported with the tasks that do not answer, and run again.", above=0)
+    fault_timeout_secs: float = _field(
+        90.0, "How long a training task keeps retrying while its peers (the ps tasks, the "
+        "chief; sync: the other workers) do not answer, before it gives up with exit "
+        "status 200 (retryable), naming them. Also bounds each session recovery's wait "
+        "for the ps tasks.", above=0)
     communication_period: int = _field(
         1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
         "or model averaging (--sync); K times fewer bytes per step; see "

@@ -10,12 +10,13 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import tensorflow as tf
 from absl import logging
 
 from lowlevel import events, local_sgd
+from lowlevel.faults import FaultWatch
 from lowlevel.sessions import live_session
 
 if TYPE_CHECKING:
@@ -42,13 +43,18 @@ class StepRunner:
     due: give it one, or it acts rarely and irregularly. Hooks that act only
     in `begin`, `after_create_session` or `end` need none.
 
+    With a `faults.FaultWatch`, every run has its deadline
+    (`--step_timeout_secs`) and a run past it is reported and run again
+    (`FaultWatch.run`), up to `--fault_timeout_secs`.
+
     Raises (from the constructor):
       TypeError: a hook overrides `before_run` or `after_run` without `due()`.
     """
 
-    def __init__(self, sess, g: TrainGraph):
+    def __init__(self, sess, g: TrainGraph, watch: Optional[FaultWatch] = None):
         self._sess = sess
         self._g = g
+        self._watch = watch
         undue = [type(h).__name__ for h in g.hooks if _acts_per_step(h) and not hasattr(h, "due")]
         if undue:
             raise TypeError(f"{', '.join(undue)}: acts in before_run/after_run but has no due(); "
@@ -64,7 +70,7 @@ class StepRunner:
         if any(due() for due in self._due):
             state.in_step = True
             try:
-                value = self._sess.run(fetch)
+                value = self.hooked(fetch)
             finally:
                 state.in_step = False
         else:
@@ -72,21 +78,38 @@ class StepRunner:
         self._g.progress.record(start, time.perf_counter() - t0)
         return value
 
-    def fast(self, fetch):
+    @property
+    def steps_value(self) -> int:
+        """The global step as the loop last saw it."""
+        return self._g.steps.value
+
+    def _watched(self, run, what: str):
+        if self._watch is None:
+            return run(None)
+        return self._watch.run(run, what, self._g.steps.value)
+
+    def hooked(self, fetch, what: str = "step"):
+        """Runs `fetch` through the monitored session (and so its hooks), with the deadline."""
+        return self._watched(lambda options: self._sess.run(fetch, options=options), what)
+
+    def fast(self, fetch, what: str = "step"):
         """Runs `fetch` on the raw session (the monitored one after a failure); no hook sees it."""
+        return self._watched(lambda options: self._fast_once(fetch, options), what)
+
+    def _fast_once(self, fetch, options):
         raw = live_session(self._sess)
         if raw is None:
-            return self._sess.run(fetch)
+            return self._sess.run(fetch, options=options)
         if raw is not self._raw:  # a new session, after a failure
             self._raw, self._calls = raw, {}
         if fetch not in self._calls:
-            self._calls[fetch] = raw.make_callable(fetch)
+            self._calls[fetch] = raw.make_callable(fetch, accept_options=True)
         try:
-            return self._calls[fetch]()
+            return self._calls[fetch](options=options)
         except Exception as e:  # noqa: BLE001 - narrowed by `lost`
             if not lost(e):
                 raise
-            return self._sess.run(fetch)
+            return self._sess.run(fetch, options=options)
 
 
 def _acts_per_step(hook) -> bool:
@@ -95,17 +118,22 @@ def _acts_per_step(hook) -> bool:
             type(hook).after_run is not base.after_run)
 
 
-def run(sess, g: TrainGraph, last_step: int, stop: threading.Event) -> None:
+def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
+        watch: Optional[FaultWatch] = None) -> None:
     """Runs training steps until `last_step` is reached, the session stops, or `stop` is set.
 
     Exact mode: each run is one step and returns its step number; a worker
     whose step finds no step left gets `OutOfRangeError` (`counted_update`).
     Communication-reduced mode: blocks of local steps, each claimed first; an
-    empty block ends the loop (`_local_sgd_loop`).
+    empty block ends the loop (`_local_sgd_loop`). With `watch`, every run has
+    its deadline and a bounded retry (`faults.FaultWatch`).
+
+    Raises:
+      faults.NetworkFault: peers did not answer for `--fault_timeout_secs`.
     """
-    step = StepRunner(sess, g)
+    step = StepRunner(sess, g, watch)
     if g.local_ops is not None:
-        return _local_sgd_loop(sess, g, step, stop)
+        return _local_sgd_loop(sess, g, step, stop, watch)
     while not sess.should_stop() and not stop.is_set():
         try:
             g.steps.value = int(step(g.train_op))
@@ -137,15 +165,16 @@ def lost(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and "closed Session" in str(e)
 
 
-def _send(sess, op):
+def _send(sess, op, options=None):
     """Runs `op` on the live session (in the exchange thread); NoLiveSession if there is none."""
     raw = live_session(sess)
     if raw is None:
         raise NoLiveSession("no live session")
-    return raw.run(op)
+    return raw.run(op, options=options)
 
 
-def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event) -> None:
+def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event,
+                    watch: Optional[FaultWatch] = None) -> None:
     """Blocks of local steps; between blocks, the exchange with the ps.
 
     Async: the exchange of a finished block (`send`) runs in a background
@@ -158,7 +187,7 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
     if ops.send is None:  # sync: model averaging, one blocking exchange per round
         next_round = ops.claim
         while not sess.should_stop() and not stop.is_set():
-            start, left = (int(x) for x in sess.run(next_round))
+            start, left = (int(x) for x in step.hooked(next_round, "exchange"))
             next_round, g.steps.value = ops.exchange, start
             if left == 0:
                 return
@@ -167,13 +196,14 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
                 g.steps.value += 1
         return
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange")
+    options = watch.options if watch else None
     pending, trained = None, False
     try:
         while not sess.should_stop() and not stop.is_set():
             if pending is not None:
-                _merge(sess, step, ops, pending)
-            pending = pool.submit(_send, sess, ops.send) if trained else None
-            start, left = (int(x) for x in step.fast(ops.claim))
+                _merge(sess, step, ops, pending, watch)
+            pending = pool.submit(_send, sess, ops.send, options) if trained else None
+            start, left = (int(x) for x in step.fast(ops.claim, "claim"))
             g.steps.value = start
             if left == 0:
                 break
@@ -184,22 +214,29 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
                 g.steps.value += 1
             trained = True
         if pending is not None:
-            _merge(sess, step, ops, pending)
+            _merge(sess, step, ops, pending, watch)
         if stop.is_set() and trained:  # preempted mid-block: push what it has
-            _merge(sess, step, ops, pool.submit(_send, sess, ops.send))
+            _merge(sess, step, ops, pool.submit(_send, sess, ops.send, options), watch)
     finally:
         pool.shutdown(wait=False)
 
 
-def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending) -> None:
+def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending,
+           watch: Optional[FaultWatch] = None) -> None:
     try:
         pending.result()
+    except tf.errors.DeadlineExceededError as e:  # a peer stopped answering mid-exchange
+        if watch is None:
+            raise
+        watch.timed_out("exchange", e, step.steps_value)
+        step.hooked(ops.resync, "exchange")  # bounded by the watch
+        return
     except Exception as e:  # noqa: BLE001 - narrowed by `lost`
         if not lost(e):
             raise
         message = getattr(e, "message", None) or str(e)
         logging.info("exchange with the ps failed (%s); taking the ps model afresh", message)
         events.emit("fault_noticed", None, error=f"exchange failed: {message}")
-        sess.run(ops.resync)  # through the monitored session: it recovers first if need be
+        step.hooked(ops.resync, "exchange")  # monitored: it recovers first if need be
         return
-    step.fast(ops.merge)
+    step.fast(ops.merge, "exchange")

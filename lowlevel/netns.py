@@ -118,6 +118,18 @@ class Hosts:
         """Runs `argv` on `host` to the end."""
         return subprocess.run(["ip", "netns", "exec", self.namespaces[host], *argv], **kwargs)
 
+    def partition(self, host: str) -> None:
+        """Cuts `host` off: its bridge port goes down, frames are dropped, no RST is sent."""
+        _ip("link", "set", f"{self.namespaces[host]}o", "down")
+
+    def heal(self, host: str) -> None:
+        """Puts `host` back on the bridge after `partition`."""
+        _ip("link", "set", f"{self.namespaces[host]}o", "up")
+
+    def hosts_file(self, host: str) -> str:
+        """The hosts file `host`'s processes resolve names with (edit it to break a name)."""
+        return f"/etc/netns/{self.namespaces[host]}/hosts"
+
     def close(self) -> None:
         """Kills what still runs in the namespaces and removes every namespace, link and file."""
         for proc in self._procs:

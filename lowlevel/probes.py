@@ -75,7 +75,8 @@ def unreachable_tasks(cluster: Cluster, tasks: Iterable[Task]) -> list[str]:
 
 
 def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_SECS,
-                give_up: Optional[Callable[[], None]] = None) -> None:
+                give_up: Optional[Callable[[], None]] = None,
+                flag: str = "--startup_timeout_secs") -> None:
     """Polls until every ps task accepts TCP connections.
 
     A session on a cluster whose ps is down waits in CreateSession forever,
@@ -91,6 +92,7 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
       poll_secs: seconds between polls.
       give_up: called every poll; it may raise to end the wait (a worker
         whose run has finished meanwhile raises `checkpoints.TrainingFinished`).
+      flag: the flag `timeout_secs` comes from, for the message.
 
     Raises:
       StartupError: a ps did not answer (or its host name did not resolve)
@@ -111,15 +113,41 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
             if not resolves(host):
                 raise StartupError(
                     f"ps{k} at {address}: host name {host} did not resolve within "
-                    f"{timeout_secs:g} s (--startup_timeout_secs; on Kubernetes a new pod's "
+                    f"{timeout_secs:g} s ({flag}; on Kubernetes a new pod's "
                     "Service name can take seconds: kubeflow/training-operator#1458): is "
                     "the name in --ps_hosts / TF_CONFIG right?")
             raise StartupError(
                 f"ps{k} at {address} did not answer within {timeout_secs:g} s "
-                "(--startup_timeout_secs): is its process running, and is the address "
+                f"({flag}): is its process running, and is the address "
                 "in --ps_hosts / TF_CONFIG right?")
         if not logged:
             logging.info("waiting for %s to come up", ", ".join(
                 f"ps{k} at {a}" for k, a in waiting.items()))
             logged = True
         time.sleep(poll_secs)
+
+
+# The client preface of HTTP/2 (RFC 9113 section 3.4) and an empty SETTINGS frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def answers(address: str, timeout_secs: float = 1.0) -> bool:
+    """Whether the gRPC server at `address` ("host:port") answers within `timeout_secs`.
+
+    Stronger than `reachable`: the kernel of a host whose server process is
+    frozen (SIGSTOP, a stalled VM, a hung process) still accepts TCP
+    connections into the listen backlog, but only a running server replies to
+    the HTTP/2 client preface with its SETTINGS frame (RFC 9113 section 3.4;
+    TensorFlow's servers speak gRPC over HTTP/2). A partitioned host fails
+    the connect itself. Never raises.
+    """
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_secs
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)),
+                                      timeout=timeout_secs) as sock:
+            sock.sendall(_H2_PREFACE)
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            return len(sock.recv(9)) > 0
+    except (OSError, ValueError):
+        return False

@@ -89,6 +89,22 @@ def _bounded_close(sess, cluster_alive=None):
     return sess
 
 
+def _retrying_deadlines(create, budget_secs: float):
+    """`create()`, run again while it fails with a run's deadline (not "not ready") within
+    `budget_secs` seconds: the session's `operation_timeout_in_ms` (`--step_timeout_secs`)
+    bounds each ready check, and one that times out (a loaded host, a ps not answering
+    yet) says nothing about the model."""
+    deadline = time.monotonic() + budget_secs
+    while True:
+        try:
+            return create()
+        except tf.errors.DeadlineExceededError as e:
+            if "not ready" in str(e) or time.monotonic() >= deadline:
+                raise
+            logging.info("session set-up timed out (%s); trying again", e.message)
+            time.sleep(RECOVERY_WAIT_SECS)
+
+
 def _session_manager(scaffold):
     return v1.train.SessionManager(
         local_init_op=scaffold.local_init_op,
@@ -133,6 +149,7 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         self._cluster_alive = cluster_alive
         self.origin = self.restored_from = None
         self.sessions = 0
+        self.retry_secs = 60.0  # how long a ready check that times out is retried
 
     def create_session(self):
         self._scaffold.finalize()
@@ -143,10 +160,17 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
             try:
-                sess = manager.wait_for_session(self._master, self._config, max_wait_secs=0)
+                sess = _retrying_deadlines(lambda: manager.wait_for_session(
+                    self._master, self._config, max_wait_secs=0), self.retry_secs)
                 self.origin = "adopted"
-            except tf.errors.DeadlineExceededError:
-                pass  # the ps tasks hold no initialised model
+            except tf.errors.DeadlineExceededError as e:
+                # "Session was not ready after waiting 0 secs": the ps tasks hold no
+                # initialised model. Any other deadline (--step_timeout_secs, a
+                # ready check against a ps not answering yet) says nothing about
+                # the model: restoring now would throw the live model away, so
+                # the error goes to the training loop, which retries (bounded).
+                if "not ready" not in str(e):
+                    raise
         if sess is None:
             self.restored_from = checkpoints.newest_readable(self._output_dir)
             self._checkpoint_filename_with_path = (self.restored_from[0] if self.restored_from
@@ -210,7 +234,7 @@ class WorkerSessionCreator(v1.train.WorkerSessionCreator):
         _announce_recreation(self.sessions)
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
-        sess = super().create_session()
+        sess = _retrying_deadlines(super().create_session, self._max_wait_secs)
         if self.sessions > 1:
             logging.info("worker: new session after a failure; the model is ready again")
             events.emit("recovered", None, **self.event_fields())

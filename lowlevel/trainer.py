@@ -45,6 +45,15 @@ FLAGS = flags.FLAGS
 # restarted, after the end-of-training handshake); it waits this long for them.
 FINISHED_PS_WAIT_SECS = 30.0
 
+# gRPC keepalive on the channels between tasks (TensorFlow reads channel
+# arguments from TF_GRPC_DEFAULT_OPTIONS; a value the user sets wins). After a
+# partition longer than ~30 s, a connection whose other end has given up is
+# otherwise found dead only at the next TCP retransmission, which Linux's
+# exponential backoff can put a minute or more after the heal: every run times
+# out meanwhile. A ping unanswered for 5 s (sent while a call waits, at most
+# every 10 s) closes it, and gRPC reconnects at once.
+GRPC_KEEPALIVE = "grpc.keepalive_time_ms=10000,grpc.keepalive_timeout_ms=5000"
+
 # Cluster.
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the ps tasks.")
 flags.DEFINE_string("worker_hosts", "", "Comma-separated host:port of the worker tasks; "
@@ -118,6 +127,8 @@ def main(argv, preemption) -> int:
     if evaluating and not config.output_dir:
         raise UsageError(f"--schedule={schedule} needs --output_dir: the directory the chief "
                          "writes its checkpoints to")
+    if cluster:  # before TensorFlow makes a channel: see GRPC_KEEPALIVE
+        os.environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", GRPC_KEEPALIVE)
     if task.job_name == cluster_lib.PS:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a ps holds variables on its CPU only
     if (task.is_chief or evaluating) and config.output_dir:

@@ -17,7 +17,8 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import data as data_lib
-from lowlevel import checkpoints, events, export, files, hooks, loop, probes, sessions, storage
+from lowlevel import (checkpoints, events, export, faults, files, hooks, loop, probes,
+                      sessions, storage)
 from lowlevel.graph import TrainGraph, build
 from lowlevel.cluster import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
@@ -61,7 +62,10 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
       checkpoints.TrainingFinished: (non-chief) the run ended while this
         worker waited for the cluster.
       probes.StartupError: a ps did not answer, or (non-chief) the chief had
-        not initialised the model, within `config.startup_timeout_secs`.
+        not initialised the model, within `config.startup_timeout_secs` (a
+        session lost mid-run: its ps within `config.fault_timeout_secs`).
+      faults.NetworkFault: mid-run, the peers did not answer for
+        `config.fault_timeout_secs` (every run has `config.step_timeout_secs`).
     """
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
@@ -97,7 +101,11 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             if preemption:
                 preemption.training_started(
                     _emergency_save(sess, g, config.output_dir) if task.is_chief else None)
-            loop.run(sess, g, config.train_steps, preempted)
+            watch = None
+            if cluster:
+                watch = faults.FaultWatch(task.name, faults.peers_of(cluster, task, config.sync),
+                                          config.step_timeout_secs, config.fault_timeout_secs)
+            loop.run(sess, g, config.train_steps, preempted, watch)
             logging.info("%s: %s; closing the session", task.name,
                          "stopping for the preemption" if preempted.is_set()
                          else "last step done")
@@ -150,21 +158,36 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
     """
     master = server.target if server else ""
     wait_for_cluster = cluster_alive = None
+    if cluster and session_config is not None:
+        # The deadline of every run that has none of its own: the hooks' (a
+        # checkpoint save, the final evaluation) and the session's set-up. The
+        # loop's own runs carry theirs (`faults.FaultWatch`).
+        session_config = type(session_config).FromString(session_config.SerializeToString())
+        session_config.operation_timeout_in_ms = int(config.step_timeout_secs * 1000)
     if cluster:
         def cluster_alive():
             return all(probes.reachable(a, 0.1) for a in cluster.ps_hosts)
+
+        calls = []
 
         def wait_for_cluster():
             give_up = None
             if not task.is_chief and config.output_dir:
                 def give_up():
                     checkpoints.check_finished(config.output_dir, config.train_steps)
-            probes.wait_for_ps(cluster, config.startup_timeout_secs, give_up=give_up)
+            calls.append(None)
+            if len(calls) == 1:
+                probes.wait_for_ps(cluster, config.startup_timeout_secs, give_up=give_up)
+            else:  # a session lost mid-run: the outage is bounded like any other fault
+                probes.wait_for_ps(cluster, config.fault_timeout_secs, give_up=give_up,
+                                   flag="--fault_timeout_secs")
 
     if task.is_chief:
-        return sessions.ChiefSessionCreator(g.scaffold, master, session_config,
-                                            config.output_dir, wait_for_cluster, cluster_alive,
-                                            partial)
+        creator = sessions.ChiefSessionCreator(g.scaffold, master, session_config,
+                                               config.output_dir, wait_for_cluster,
+                                               cluster_alive, partial)
+        creator.retry_secs = config.fault_timeout_secs
+        return creator
     return sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                          config.startup_timeout_secs, wait_for_cluster,
                                          cluster_alive)

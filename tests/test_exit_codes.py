@@ -80,6 +80,7 @@ def _wait_for(path, pattern, timeout_secs, procs):
     pytest.fail(f"no {pattern!r} in {path} within {timeout_secs} s:\n{clusters.tail(path)}")
 
 
+@pytest.mark.cluster  # starts trainer processes
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("first,second", [(signal.SIGTERM, signal.SIGINT),
                                           (signal.SIGINT, signal.SIGTERM)],

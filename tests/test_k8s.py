@@ -180,6 +180,7 @@ def _run_tasks(tmp_path, hosts_factory, tasks):
     assert "the chief signalled the end of training" in ps_log, ps_log[-2000:]
 
 
+@pytest.mark.cluster  # starts trainer processes
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("layout", ["chief_job", "sparse"])
 def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_factory, layout):
@@ -203,6 +204,7 @@ def test_tasks_built_from_a_generated_tfjob_train_to_the_end(tmp_path, hosts_fac
     _run_tasks(tmp_path, hosts_factory, tasks)
 
 
+@pytest.mark.cluster  # starts trainer processes
 @pytest.mark.timeout(420)
 def test_tasks_of_the_generated_plain_kubernetes_jobs_train_to_the_end(tmp_path, hosts_factory):
     """The same from `--format=k8s`: each Job's pod runs with its own TF_CONFIG and args,
