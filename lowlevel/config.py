@@ -67,6 +67,26 @@ def exit_status_main(prog: str, main: Callable[[list], int]) -> Callable[[list],
     return run
 
 
+def flags_parser(prog: str, hint: Optional[str] = None):
+    """An absl `flags_parser` that turns a flag error into one line on stderr and exit 2.
+
+    Args:
+      prog: the name the line starts with (`<prog>: error: ...`).
+      hint: a second line; default `(python -m <prog> --help lists the flags)`.
+    """
+    from absl import flags
+
+    hint = f"(python -m {prog} --help lists the flags)" if hint is None else hint
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            sys.stderr.write(f"{prog}: error: {e}\n" + (f"{hint}\n" if hint else ""))
+            sys.exit(2)
+    return parse
+
+
 def check_schedule(schedule: str | None, job_name: str) -> str:
     """The schedule task `job_name` runs: `schedule`, or the job's default when None.
 

@@ -47,20 +47,13 @@ AGE_BUCKETS = (18, 25, 35, 45, 50, 56)  # GroupLens' ML-1M age groups
 
 
 @dataclasses.dataclass(frozen=True)
-class CtrSplit:
+class CtrSplit(movielens.Columns):
     """dense float32 `[N, D]`, categorical int64 `[N, F]`, crosses int64 `[N, C]`, labels int64 `[N]`."""
 
     dense: np.ndarray
     categorical: np.ndarray
     crosses: np.ndarray
     labels: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def take(self, index: np.ndarray) -> "CtrSplit":
-        return CtrSplit(self.dense[index], self.categorical[index], self.crosses[index],
-                        self.labels[index])
 
 
 @dataclasses.dataclass(frozen=True)

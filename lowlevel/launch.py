@@ -44,7 +44,7 @@ from absl import app, flags
 
 from lowlevel import events, exit_codes, isolation, lifetime
 from lowlevel import trainer  # defines the trainer flags passed on
-from lowlevel.config import UsageError, exit_status_main
+from lowlevel.config import UsageError, exit_status_main, flags_parser
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
@@ -328,7 +328,7 @@ def main(argv) -> int:
 def run():
     """Console-script entry point."""
     app.run(exit_status_main("lowlevel.launch", main),
-            flags_parser=trainer.flags_parser("lowlevel.launch"))
+            flags_parser=flags_parser("lowlevel.launch"))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,20 @@ class MovieLensError(RuntimeFailure):
     """
 
 
+class Columns:
+    """A table as a frozen dataclass of arrays with one row per example (first axis)."""
+
+    def __len__(self) -> int:
+        return len(getattr(self, dataclasses.fields(self)[0].name))
+
+    def take(self, index: np.ndarray):
+        """The rows at `index` (int array), in that order, as a table of the same type."""
+        return type(self)(**{f.name: getattr(self, f.name)[index]
+                             for f in dataclasses.fields(self)})
+
+
 @dataclasses.dataclass(frozen=True)
-class Ratings:
+class Ratings(Columns):
     """Every rating with its user's and film's features; each field has shape `[N]`.
 
     Attributes:
@@ -71,14 +83,6 @@ class Ratings:
     zip_code: np.ndarray
     release_year: np.ndarray
     genres: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.label)
-
-    def take(self, index: np.ndarray) -> "Ratings":
-        """The rows at `index` (int array), in that order."""
-        return Ratings(**{f.name: getattr(self, f.name)[index]
-                          for f in dataclasses.fields(self)})
 
 
 def layout(data_dir: str) -> tuple[str, ...]:

@@ -37,7 +37,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from lowlevel.config import UsageError
+from lowlevel.config import UsageError, flags_parser
 
 FLAGS = flags.FLAGS
 PROG = "lowlevel.predict"
@@ -254,17 +254,9 @@ def _main_or_exit(argv):
     sys.exit(code)
 
 
-def _parse(argv):
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n(python -m {PROG} --help lists the flags)\n")
-        sys.exit(2)
-
-
 def run():
     """Console-script entry point."""
-    app.run(_main_or_exit, flags_parser=_parse)
+    app.run(_main_or_exit, flags_parser=flags_parser(PROG))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from absl import app, flags
 
 from lowlevel import k8s
 from lowlevel.cluster import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
-from lowlevel.config import UsageError, check_schedule, exit_status_main
+from lowlevel.config import UsageError, check_schedule, exit_status_main, flags_parser
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("chief", "", "host:port of the chief (a job of its own). Without it, "
@@ -199,17 +199,10 @@ def main(argv) -> int:
     return 0
 
 
-def _parse_flags(argv):
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        sys.stderr.write(f"lowlevel-make-tf-configs: error: {e}\n")
-        sys.exit(2)
-
-
 def run():
     """Console-script entry point (`lowlevel-make-tf-configs`)."""
-    app.run(exit_status_main("lowlevel-make-tf-configs", main), flags_parser=_parse_flags)
+    app.run(exit_status_main("lowlevel-make-tf-configs", main),
+            flags_parser=flags_parser("lowlevel-make-tf-configs", hint=""))
 
 
 if __name__ == "__main__":

@@ -257,23 +257,11 @@ def _is_runtime_failure(e: BaseException) -> bool:
     return tf_errors is not None and isinstance(e, tf_errors.OpError)
 
 
-def flags_parser(prog: str):
-    """An absl `flags_parser` that turns a flag error into one line on stderr and exit 2."""
-    def parse(argv):
-        try:
-            return FLAGS(argv)
-        except flags.Error as e:
-            sys.stderr.write(f"{prog}: error: {e}\n"
-                             f"(python -m {prog} --help lists the flags)\n")
-            sys.exit(2)
-    return parse
-
-
 def run():
     """Console-script entry point."""
     from lowlevel.lifetime import die_with_parent
     die_with_parent()  # first: a launcher that dies takes its tasks with it
-    app.run(_main_or_exit, flags_parser=flags_parser("lowlevel.trainer"))
+    app.run(_main_or_exit, flags_parser=config_lib.flags_parser("lowlevel.trainer"))
 
 
 if __name__ == "__main__":
