@@ -62,7 +62,7 @@ CASES = [
     ("batch_size_zero", ["--batch_size=0"], None, None, 2, "--batch_size=0"),
     ("train_steps_negative", ["--train_steps=-1"], None, None, 2, "--train_steps=-1"),
     ("unknown_model", ["--model=resnet"], None, None, 2,
-     "--model=resnet: value should be one of <softmax|mlp|cnn>"),
+     "--model=resnet: value should be one of <softmax|mlp|cnn|wide_deep>"),
     ("unknown_dataset", ["--dataset=cifar"], None, None, 2,
      "--dataset=cifar: value should be one of"),
     ("unknown_optimizer", ["--optimizer=lbfgs"], None, None, 2, "--optimizer=lbfgs"),
