@@ -208,9 +208,11 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
             main = procs.start("worker0", _py("lowlevel.trainer") + [f"--output_dir={out}"] +
                                flags, role="worker")
         else:
+            # --no_isolation: the watcher counts each task's TCP bytes from this
+            # namespace; in the launcher's private one its sockets are not visible.
             main = procs.start("launcher", _py("lowlevel.launch") + [
-                f"--num_ps={num_ps}", f"--num_workers={num_workers}", f"--output_dir={out}"] +
-                flags, role="other")
+                f"--num_ps={num_ps}", f"--num_workers={num_workers}", f"--output_dir={out}",
+                "--no_isolation"] + flags, role="other")
         found: set = set()
         while main.poll() is None and time.monotonic() < deadline:
             if num_ps and len(found) < num_ps + num_workers:

@@ -187,18 +187,27 @@ class Supervisor:
         return None
 
     def stop(self, timeout_secs: float) -> None:
-        """SIGTERM every live task, then SIGKILL what is left after `timeout_secs`."""
+        """SIGTERM the workers and the evaluator, then the ps tasks; SIGKILL what is left
+        after `timeout_secs` in all.
+
+        The ps tasks go last: a worker stopped at a safe point, and the chief's checkpoint
+        at the stop, still need them (stopped at once, a worker's step fails with
+        `UnavailableError` and the chief's save with it).
+        """
         self.stopping = True
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_secs
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        last = [n for n in self.procs if n.startswith("ps")]
+        for group in ([n for n in self.procs if n not in last], last):
+            procs = [self.procs[n] for n in group]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
