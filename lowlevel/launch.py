@@ -66,6 +66,8 @@ flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTE
                    "to wait before killing it.")
 
 CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
+# Seconds the ps tasks may outlive the chief's finished run before the launcher stops them.
+PS_AFTER_CHIEF_SECS = 15.0
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index", "schedule")
 # With the live line on, the tasks' own progress lines are not relayed (the line
 # shows the same figures, from the events). Cosmetic only: nothing is read from them.
@@ -223,6 +225,7 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
         follower.new()  # skip the events of earlier runs on this output_dir
     finished: set = set()
     failed = None
+    ps_waiting_since = None
     while len(finished) < len(sup.procs):
         try:
             name, pid, line = sup.lines.get(timeout=0.2)
@@ -243,6 +246,15 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
                 sup.stop(stop_timeout_secs)
         else:
             sup.check(finished)
+        left = set(sup.procs) - finished
+        if CHIEF in finished and left and all(n.startswith("ps") for n in left):
+            # The run is over. A ps exits within a second of the chief's stop signal;
+            # one restarted after the signal was sent never gets it.
+            ps_waiting_since = ps_waiting_since or time.monotonic()
+            if time.monotonic() - ps_waiting_since > PS_AFTER_CHIEF_SECS and not sup.stopping:
+                _write(f"launch: the run is finished; stopping {', '.join(sorted(left))} "
+                       "(restarted after the chief's stop signal?)", progress, sup.out)
+                sup.stop(stop_timeout_secs)
     if progress is not None:
         progress.close(complete=not failed)
     return 1 if failed else 0
