@@ -294,8 +294,11 @@ def _discover(launcher_pid: int, watcher: Watcher, found: set) -> None:
 
 
 def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeout_secs: float,
-                batch_size: int, interval: float = 0.1) -> dict:
-    """The textbook trainer: ps first, the chief, the other workers once it has its session."""
+                batch_size: int, interval: float = 0.1, module: str = "benchmarks.classic") -> dict:
+    """The textbook trainer: ps first, the chief, the other workers once it has its session.
+
+    `module`: benchmarks.classic (the MLP) or benchmarks.classic_sparse (wide & deep).
+    """
     ps = [portpicker.pick_unused_port() for _ in range(num_ps)]
     wk = [portpicker.pick_unused_port() for _ in range(num_workers)]
     cluster = [f"--ps_hosts={','.join(f'127.0.0.1:{p}' for p in ps)}",
@@ -308,10 +311,10 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
     outs = [os.path.join(workdir, f"worker{i}.json") for i in range(num_workers)]
     try:
         for k in range(num_ps):
-            procs.start(f"ps{k}", _py("benchmarks.classic") + cluster + flags +
+            procs.start(f"ps{k}", _py(module) + cluster + flags +
                         ["--job_name=ps", f"--task_index={k}"], "ps", [ps[k]])
         for i in range(num_workers):
-            procs.start(f"worker{i}", _py("benchmarks.classic") + cluster + flags + [
+            procs.start(f"worker{i}", _py(module) + cluster + flags + [
                 "--job_name=worker", f"--task_index={i}", f"--out_json={outs[i]}",
                 f"--start_file={go}"], "worker", [wk[i]])
             ready = _wait(lambda: os.path.exists(_reference.ready_file(go, f"worker{i}"))
@@ -351,8 +354,11 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
 
 
 def run_tf2_pss(num_ps: int, num_workers: int, flags: list, workdir: str, timeout_secs: float,
-                batch_size: int, interval: float = 0.1) -> dict:
-    """ParameterServerStrategy: ps and workers serve forever; the chief writes the record."""
+                batch_size: int, interval: float = 0.1, module: str = "benchmarks.tf2_pss") -> dict:
+    """ParameterServerStrategy: ps and workers serve forever; the chief writes the record.
+
+    `module`: benchmarks.tf2_pss (the MLP) or benchmarks.tf2_pss_sparse (wide & deep).
+    """
     ps = [portpicker.pick_unused_port() for _ in range(num_ps)]
     wk = [portpicker.pick_unused_port() for _ in range(num_workers)]
     chief = portpicker.pick_unused_port()
@@ -365,12 +371,12 @@ def run_tf2_pss(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
     error = None
     try:
         for k in range(num_ps):
-            procs.start(f"ps{k}", _py("benchmarks.tf2_pss") + cluster + flags +
+            procs.start(f"ps{k}", _py(module) + cluster + flags +
                         ["--job_name=ps", f"--task_index={k}"], "ps", [ps[k]])
         for i in range(num_workers):
-            procs.start(f"worker{i}", _py("benchmarks.tf2_pss") + cluster + flags +
+            procs.start(f"worker{i}", _py(module) + cluster + flags +
                         ["--job_name=worker", f"--task_index={i}"], "worker", [wk[i]])
-        coord = procs.start("chief", _py("benchmarks.tf2_pss") + cluster + flags +
+        coord = procs.start("chief", _py(module) + cluster + flags +
                             ["--job_name=chief", f"--out_json={out}"], "chief", [chief])
         if not _wait(lambda: coord.poll() is not None, time.monotonic() + timeout_secs, 0.1):
             error = f"chief still running after {timeout_secs:.0f} s:\n{procs.log('chief')}"

@@ -62,7 +62,7 @@ from typing import Optional
 
 from absl import app, flags
 
-from benchmarks import _configs, _report, _runners
+from benchmarks import _configs, _report, _runners, sparse
 from lowlevel import files as lowlevel_files
 
 FLAGS = flags.FLAGS
@@ -115,6 +115,10 @@ flags.DEFINE_list("lowlevel_flags", None, "Extra trainer flags for the lowlevel 
                   "runs only, e.g. --lowlevel_flags=--intra_op_threads=2 (an experiment: "
                   "recorded in meta.settings).")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
+flags.DEFINE_list("suite", ["dense", "sparse"], "What to run: dense (the MLP configurations, "
+                  "sweep, accuracy, placement) and/or sparse (wide & deep on a 10 M-row table, "
+                  "benchmarks/sparse.py; short in --quick).")
+sparse.define_flags(flags)
 
 # Quick: one round of every configuration the targets need (not classic_1ps2w,
 # tf2_pss_1ps1w), 2.5 s measured per run (1.5 s left run-to-run noise of +-10-15 %
@@ -301,7 +305,8 @@ def meta(argv, started: float) -> dict:
             "settings": {k: FLAGS[k].value for k in (
                 "quick", "configs", "repeats", "headline_repeats", "headline", "measure_secs", "warmup_secs", "warmup_steps", "min_steps",
                 "sweep_widths", "sweep_repeats", "communication_period", "modes",
-                "hidden_units", "batch_size", "learning_rate", "accuracy_steps", "lowlevel_flags")}}
+                "hidden_units", "batch_size", "learning_rate", "accuracy_steps", "lowlevel_flags",
+                "suite")}}
 
 
 def write(bench: Bench, result: dict, final: bool) -> None:
@@ -312,10 +317,16 @@ def write(bench: Bench, result: dict, final: bool) -> None:
     if final:
         result["meta"].update(loadavg_end=round(os.getloadavg()[0], 2),
                               wall_secs=round(time.time() - result["meta"]["started_unix"], 1))
+    if "dense" not in FLAGS.suite:
+        result["targets"] = {}
+    if result.get("sparse"):
+        result["targets"].update(result["sparse"]["targets"])
     lowlevel_files.write_json(os.path.join(bench.out, "results.json"), result, indent=1)
     if final:
         with open(os.path.join(bench.out, "results.md"), "w") as f:
             f.write(_report.markdown(result))
+            if result.get("sparse"):
+                f.write("\n" + sparse.markdown(result["sparse"]))
         _report.plot(records, os.path.join(bench.out, "throughput.png"))
 
 
@@ -326,6 +337,11 @@ def main(argv):
         for name, value in QUICK.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
+    if set(FLAGS.suite) - {"dense", "sparse"} or not FLAGS.suite:
+        raise app.UsageError(f"--suite={','.join(FLAGS.suite)}: expected dense, sparse or both")
+    if "dense" not in FLAGS.suite:  # nothing of the dense suite runs
+        FLAGS.configs, FLAGS.sweep_widths, FLAGS.accuracy, FLAGS.placement = [], [], False, False
+        FLAGS.modes = ["exact"]  # no probe of the comm_reduced mode
     bad = [m for m in FLAGS.modes if m not in _configs.MODES]
     if bad:
         raise app.UsageError(f"--modes: unknown {bad}; expected {list(_configs.MODES)}")
@@ -380,6 +396,9 @@ def main(argv):
                 write(bench, result, final=False)
     if FLAGS.accuracy:
         result["accuracy"] = accuracy_check(bench, modes)
+    if "sparse" in FLAGS.suite:
+        result["sparse"] = sparse.run_suite(sparse.settings_from_flags(FLAGS, FLAGS.quick), out,
+                                            FLAGS.seed, log=lambda line: print(line, flush=True))
     write(bench, result, final=True)
     print_summary(result, out)
     return 0
@@ -389,6 +408,8 @@ def print_summary(result: dict, out: str) -> None:
     print("\n" + _report.table([r for r in result["records"] if r["part"] != "accuracy"]))
     if result.get("accuracy"):
         print("\n" + _report.accuracy_text(result["accuracy"]))
+    if result.get("sparse"):
+        print("\n" + sparse.markdown(result["sparse"]))
     print("\n" + _report.targets_table(result["targets"]))
     extra = {k: v for k, v in result["ratios"].items() if k not in result["targets"]}
     print("other ratios: " + json.dumps(extra))

@@ -1,0 +1,342 @@
+"""The sparse suite of `benchmarks.throughput` (`--suite=sparse`; short in `--quick`).
+
+The wide & deep click-through model (`lowlevel/wide_deep.py`) on Criteo-shaped synthetic
+clicks (`lowlevel.ctr_data.synthetic_ctr`), `--sparse_vocab_size` rows over the 26 field
+tables (10 M x 16 floats: 640 MB of deep tables, 40 MB of wide ones, and as much again
+of Adagrad accumulators), 2 ps + 2 workers, async Adagrad 0.1, batch 256, side by side:
+
+  lowlevel   `python -m lowlevel.launch --model=wide_deep --dataset=synthetic_ctr ...`
+             (tables split by rows over the ps by bytes, ids deduplicated on the worker)
+  classic    `benchmarks/classic_sparse.py`: the textbook TF1 trainer, `embedding_lookup`
+             on `fixed_size_partitioner(2)` tables, round-robin placement, no deduplication
+  tf2_pss    `benchmarks/tf2_pss_sparse.py`: TF2 ParameterServerStrategy with
+             `FixedShardsPartitioner(2)` sharded variables
+
+Each runs `--sparse_steps` measured local steps per worker after `--sparse_warmup_steps`,
+in a shuffled order, `--sparse_repeats` rounds (figures: medians; ratios: medians of the
+within-round ratios), each bounded by `--sparse_timeout_secs` (a run past it is reported
+as a timeout). Figures (units): examples/s (all workers, after warm-up); bytes per step
+(between one worker and all ps tasks per local step, both directions, from the kernel's
+TCP counters: `_measure.Watcher`); the limit beside it (`limit`); ps byte imbalance
+(bytes each ps moved in the measured windows, max / mean); peak RSS per task (VmHWM, MiB).
+
+The limit (`limit`): what a step must move at least, from the unique ids of batches drawn
+as the trainers draw them from the same training split: every unique row touched, each
+way, 4 bytes per float (deep: `embedding_dim` floats, wide: 1, per field; 1 per cross),
+plus the dense part (the MLP, the wide part's dense unit) once each way. Ids themselves
+(8 bytes per unique id and table) and gRPC framing are not in it: they are the measured
+figure's overhead over the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import statistics
+import time
+from typing import Optional
+
+import numpy as np
+
+from benchmarks import _runners
+from lowlevel import ctr_data
+
+TRAINERS = ("lowlevel", "classic", "tf2_pss")
+# target -> (figure, op, bound): the issue's targets, ratios within one run
+TARGETS = {
+    "sparse_bytes_over_limit": ("<=", 1.2),
+    "sparse_lowlevel_over_classic": (">=", 2.0),
+    "sparse_lowlevel_over_tf2_pss": (">=", 2.0),
+    "sparse_ps_byte_imbalance": ("<=", 1.1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    vocab_size: int = 10_000_000
+    embedding_dim: int = 16
+    hash_buckets: int = 10000
+    hidden_units: tuple = (128, 128)
+    batch_size: int = 256
+    learning_rate: float = 0.1
+    warmup_steps: int = 30  # local steps per worker, not measured
+    steps: int = 400  # measured local steps per worker
+    num_ps: int = 2
+    num_workers: int = 2
+    repeats: int = 1
+    timeout_secs: float = 420.0
+
+
+QUICK = dict(vocab_size=1_000_000, warmup_steps=15, steps=120, timeout_secs=150.0)
+
+
+def unique_per_batch(columns: np.ndarray, batch_size: int, num_batches: int = 64,
+                     seed: int = 0) -> np.ndarray:
+    """Mean number of distinct ids per column in batches of `batch_size` rows.
+
+    Batches are drawn as the trainers draw theirs: consecutive slices of a random
+    permutation of the rows. `columns` int64 `[N, K]` -> float64 `[K]`.
+    """
+    rng = np.random.default_rng(seed)
+    n = len(columns) // batch_size * batch_size
+    if n == 0:
+        raise ValueError(f"{len(columns)} rows: fewer than one batch of {batch_size}")
+    counts, taken = np.zeros(columns.shape[1]), 0
+    while taken < num_batches:
+        perm = rng.permutation(len(columns))[:n]
+        for lo in range(0, n, batch_size):
+            batch = np.sort(columns[perm[lo:lo + batch_size]], axis=0)
+            counts += 1 + (np.diff(batch, axis=0) != 0).sum(axis=0)
+            taken += 1
+            if taken == num_batches:
+                break
+    return counts / num_batches
+
+
+def dense_params(num_dense: int, num_fields: int, embedding_dim: int, hidden_units) -> int:
+    """Parameters of the dense part: the wide unit on the dense features and the deep MLP."""
+    widths = [num_dense + num_fields * embedding_dim, *hidden_units, 1]
+    return (num_dense + 1) + sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def limit_bytes(unique_fields, unique_crosses, embedding_dim: int, dense: int) -> dict:
+    """The least bytes a worker step moves (both ways, float32), by part.
+
+    Args:
+      unique_fields: distinct ids per batch of each categorical field (each is a deep row of
+        `embedding_dim` floats and a wide row of 1).
+      unique_crosses: distinct ids per batch of each cross (a wide row of 1 float).
+      dense: parameters of the dense part (read and updated whole every step).
+    Returns:
+      {"sparse", "dense", "total"}: bytes per step.
+    """
+    rows = float(np.sum(unique_fields)) * (embedding_dim + 1) + float(np.sum(unique_crosses))
+    sparse, dense_b = 2 * 4 * rows, 2 * 4 * dense
+    return {"sparse": round(sparse), "dense": round(dense_b), "total": round(sparse + dense_b)}
+
+
+def imbalance(bytes_by_ps: Optional[dict]) -> Optional[float]:
+    """max / mean of the bytes each ps task moved; None without bytes."""
+    values = list((bytes_by_ps or {}).values())
+    if not values or sum(values) <= 0:
+        return None
+    return round(max(values) / (sum(values) / len(values)), 3)
+
+
+def limit(s: Settings) -> dict:
+    data = ctr_data.synthetic_ctr(s.vocab_size, s.hash_buckets)
+    uf = unique_per_batch(data.train.categorical, s.batch_size)
+    uc = unique_per_batch(data.train.crosses, s.batch_size)
+    out = limit_bytes(uf, uc, s.embedding_dim,
+                      dense_params(data.num_dense, len(data.field_sizes), s.embedding_dim,
+                                   s.hidden_units))
+    out.update(unique_ids_per_batch=round(float(uf.sum() + uc.sum()), 1),
+               ids_per_batch=s.batch_size * (len(uf) + len(uc)),
+               table_bytes=4 * s.vocab_size * (s.embedding_dim + 1))
+    return out
+
+
+def run_one(trainer: str, s: Settings, workdir: str) -> dict:
+    """One trainer's run: `_runners`' run dict plus `imbalance`."""
+    hidden = ",".join(map(str, s.hidden_units))
+    model = [f"--vocab_size={s.vocab_size}", f"--embedding_dim={s.embedding_dim}",
+             f"--hash_buckets={s.hash_buckets}", f"--hidden_units={hidden}",
+             f"--batch_size={s.batch_size}", f"--learning_rate={s.learning_rate}"]
+    per_worker = s.warmup_steps + s.steps
+    if trainer == "lowlevel":
+        flags = model + ["--model=wide_deep", "--dataset=synthetic_ctr", "--optimizer=adagrad",
+                         f"--warmup_steps={s.warmup_steps}", "--keep_exports=0",
+                         f"--train_steps={per_worker * s.num_workers}",
+                         "--save_checkpoint_secs=100000", "--log_every_secs=5"]
+        run = _runners.run_lowlevel(s.num_ps, s.num_workers, flags, workdir, s.timeout_secs,
+                                    s.batch_size)
+    elif trainer == "classic":
+        flags = model + [f"--train_steps={per_worker * s.num_workers}",
+                         f"--warmup_steps={s.warmup_steps}", f"--num_partitions={s.num_ps}"]
+        run = _runners.run_classic(s.num_ps, s.num_workers, flags, workdir, s.timeout_secs,
+                                   s.batch_size, module="benchmarks.classic_sparse")
+    else:
+        flags = model + [f"--train_steps={per_worker * s.num_workers}",
+                         f"--warmup_steps={s.warmup_steps * s.num_workers}",
+                         f"--num_partitions={s.num_ps}"]
+        run = _runners.run_tf2_pss(s.num_ps, s.num_workers, flags, workdir, s.timeout_secs,
+                                   s.batch_size, module="benchmarks.tf2_pss_sparse")
+    for root, _, files in os.walk(workdir):  # a 10 M-row checkpoint is 1.4 GB
+        for f in files:
+            if f.startswith(("model.ckpt", "events.out", "graph.pbtxt")):
+                os.remove(os.path.join(root, f))
+    error = run.get("error") or ""
+    run["timeout"] = not run.get("ok") and ("timed out after" in error or
+                                            "still running after" in error)
+    run["imbalance"] = imbalance(run.get("bytes_by_ps"))
+    return run
+
+
+def describe(trainer: str, run: dict) -> str:
+    if not run.get("ok"):
+        return f"sparse {trainer}: FAILED ({run.get('error', '').strip().splitlines()[0]})"
+    b = run.get("bytes_per_step")
+    rss = run.get("peak_rss_mb") or {}
+    return (f"sparse {trainer}: {run['examples_per_sec']:,.0f} examples/s, "
+            f"{'-' if b is None else f'{b / 1e6:.3f}'} MB/step, imbalance "
+            f"{run.get('imbalance')}, peak RSS {max(rss.values(), default=0):.0f} MiB, "
+            f"startup {run.get('startup_secs')} s ({run.get('wall_secs')} s)")
+
+
+def run_suite(s: Settings, out: str, seed: int = 0, log=print) -> dict:
+    """Runs the suite into `out`/runs/sparse-*; returns results.json's "sparse" section."""
+    started = time.time()
+    lim = limit(s)
+    log(f"sparse: vocab {s.vocab_size:,} x dim {s.embedding_dim}, {s.num_ps} ps + "
+        f"{s.num_workers} workers, batch {s.batch_size}; limit {lim['total'] / 1e6:.3f} MB/step "
+        f"({lim['unique_ids_per_batch']:.0f} unique of {lim['ids_per_batch']} ids per batch)")
+    rng, runs = random.Random(seed), []
+    for rnd in range(s.repeats):
+        order = list(TRAINERS)
+        rng.shuffle(order)
+        for trainer in order:
+            workdir = os.path.join(out, "runs", f"sparse-{rnd}-{trainer}")
+            shutil.rmtree(workdir, ignore_errors=True)
+            os.makedirs(workdir)
+            run = dict(run_one(trainer, s, workdir), trainer=trainer, round=rnd)
+            runs.append(run)
+            log(describe(trainer, run))
+    result = {"settings": dataclasses.asdict(s), "limit": lim, "runs": runs,
+              "records": aggregate(runs), "wall_secs": round(time.time() - started, 1)}
+    result["ratios"] = ratios(runs, lim)
+    result["targets"] = targets(result["ratios"])
+    return result
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def aggregate(runs: list) -> list:
+    """One record per trainer: medians over its successful runs."""
+    records = []
+    for trainer in TRAINERS:
+        group = [r for r in runs if r["trainer"] == trainer]
+        ok = [r for r in group if r.get("ok")]
+        rss: dict = {}
+        for r in ok:
+            for task, mb in (r.get("peak_rss_mb") or {}).items():
+                rss[task] = max(mb, rss.get(task, 0))
+        by_ps = {k: _median([(r.get("bytes_by_ps") or {}).get(k) for r in ok])
+                 for k in sorted({k for r in ok for k in (r.get("bytes_by_ps") or {})})}
+        records.append({
+            "trainer": trainer, "runs": len(group), "ok": len(ok),
+            "error": None if ok or not group else group[-1].get("error", "")[-500:],
+            "timeout": bool(group) and not ok and any(r.get("timeout") for r in group),
+            **{k: _median([r.get(k) for r in ok]) for k in (
+                "examples_per_sec", "step_ms_p50", "step_ms_p90", "bytes_per_step",
+                "imbalance", "startup_secs")},
+            "bytes_by_ps": by_ps, "peak_rss_mb": rss})
+    return records
+
+
+def ratios(runs: list, lim: dict) -> dict:
+    """The targets' figures: medians over rounds of within-round ratios (lowlevel's)."""
+    def per_round(fn):
+        vals = []
+        for rnd in sorted({r["round"] for r in runs}):
+            by = {r["trainer"]: r for r in runs if r["round"] == rnd and r.get("ok")}
+            v = fn(by)
+            if v is not None:
+                vals.append(v)
+        return round(_median(vals), 3) if vals else None
+
+    def over(other):
+        return lambda by: (by["lowlevel"]["examples_per_sec"] / by[other]["examples_per_sec"]
+                           if "lowlevel" in by and other in by and
+                           by[other].get("examples_per_sec") else None)
+    return {
+        "sparse_bytes_over_limit": per_round(
+            lambda by: by["lowlevel"]["bytes_per_step"] / lim["total"]
+            if by.get("lowlevel", {}).get("bytes_per_step") else None),
+        "sparse_lowlevel_over_classic": per_round(over("classic")),
+        "sparse_lowlevel_over_tf2_pss": per_round(over("tf2_pss")),
+        "sparse_ps_byte_imbalance": per_round(lambda by: by.get("lowlevel", {}).get("imbalance")),
+    }
+
+
+def targets(ratio: dict) -> dict:
+    """{name: {value, op, bound, status PASS|FAIL|SKIP}}, as `_report.targets`."""
+    out = {}
+    for key, (op, bound) in TARGETS.items():
+        v = ratio.get(key)
+        status = ("SKIP" if v is None else "PASS" if (v >= bound if op == ">=" else v <= bound)
+                  else "FAIL")
+        out[key] = {"value": v, "op": op, "bound": bound, "status": status}
+    return out
+
+
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def markdown(sparse: dict) -> str:
+    s, lim = sparse["settings"], sparse["limit"]
+    lines = [
+        "## Sparse\n",
+        f"wide_deep on synthetic_ctr, {s['vocab_size']:,} rows x {s['embedding_dim']} "
+        f"({lim['table_bytes'] / 2**20:,.0f} MiB of tables), {s['num_ps']} ps + "
+        f"{s['num_workers']} workers async, batch {s['batch_size']}, hidden "
+        f"{','.join(map(str, s['hidden_units']))}, Adagrad {s['learning_rate']}; "
+        f"{s['steps']} measured steps per worker after {s['warmup_steps']}, "
+        f"{s['repeats']} round(s), {sparse['wall_secs']:.0f} s. Limit: "
+        f"{lim['total'] / 1e6:.3f} MB/step ({lim['sparse'] / 1e6:.3f} MB of unique rows, "
+        f"{lim['unique_ids_per_batch']:.0f} of {lim['ids_per_batch']} ids per batch; "
+        f"{lim['dense'] / 1e6:.3f} MB dense).\n",
+        "| trainer | examples/s | step p50 ms | MB/step | x limit | MB by ps | ps max/mean "
+        "| peak RSS MiB per task | startup s |",
+        "|---|---|---|---|---|---|---|---|---|"]
+    for r in sparse["records"]:
+        if not r["ok"]:
+            why = "timeout" if r["timeout"] else "failed"
+            lines.append(f"| {r['trainer']} | {why}: "
+                         f"{(r['error'] or '').strip().splitlines()[0] if r['error'] else ''}"
+                         " | | | | | | | |")
+            continue
+        b = r["bytes_per_step"]
+        lines.append(
+            f"| {r['trainer']} | {_f(r['examples_per_sec'], ',.0f')} | "
+            f"{_f(r['step_ms_p50'], '.1f')} | {_f(b and b / 1e6, '.3f')} | "
+            f"{_f(b and b / lim['total'], '.2f')} | "
+            f"{', '.join(f'{k} {v / 1e6:.1f}' for k, v in r['bytes_by_ps'].items())} | "
+            f"{_f(r['imbalance'], '.3f')} | "
+            f"{', '.join(f'{k} {v:,.0f}' for k, v in sorted(r['peak_rss_mb'].items()))} | "
+            f"{_f(r['startup_secs'], '.1f')} |")
+    lines += ["", "| target | value | bound | status |", "|---|---|---|---|"]
+    for k, t in sparse["targets"].items():
+        lines.append(f"| {k} | {_f(t['value'], '.3f')} | {t['op']} {t['bound']:g} | "
+                     f"{t['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def define_flags(flags) -> None:
+    """The suite's flags of `benchmarks.throughput` (`sparse_*`)."""
+    d = Settings()
+    flags.DEFINE_integer("sparse_vocab_size", None, f"Rows of the 26 field tables in all "
+                         f"(default {d.vocab_size:,}; quick: {QUICK['vocab_size']:,}).")
+    flags.DEFINE_integer("sparse_embedding_dim", d.embedding_dim, "Embedding width.")
+    flags.DEFINE_integer("sparse_steps", None, f"Measured local steps per worker (default "
+                         f"{d.steps}; quick: {QUICK['steps']}).")
+    flags.DEFINE_integer("sparse_warmup_steps", None, f"Warm-up local steps per worker "
+                         f"(default {d.warmup_steps}; quick: {QUICK['warmup_steps']}).")
+    flags.DEFINE_integer("sparse_repeats", d.repeats, "Rounds of the three trainers.")
+    flags.DEFINE_float("sparse_timeout_secs", None, f"A run still going after this many "
+                       f"seconds is stopped and reported as a timeout (default "
+                       f"{d.timeout_secs:g}; quick: {QUICK['timeout_secs']:g}).")
+
+
+def settings_from_flags(values, quick: bool) -> Settings:
+    """`Settings` from the parsed `sparse_*` flags; unset ones from QUICK if `quick`."""
+    base = dataclasses.replace(Settings(), **QUICK) if quick else Settings()
+    given = {"vocab_size": values.sparse_vocab_size, "embedding_dim": values.sparse_embedding_dim,
+             "steps": values.sparse_steps, "warmup_steps": values.sparse_warmup_steps,
+             "repeats": values.sparse_repeats, "timeout_secs": values.sparse_timeout_secs}
+    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
