@@ -34,23 +34,16 @@ import dataclasses
 import os
 import random
 import shutil
-import statistics
 import time
 from typing import Optional
 
 import numpy as np
 
 from benchmarks import _runners
+from benchmarks._sparse_report import (  # noqa: F401 (the suite's report, re-exported)
+    TARGETS, TRAINERS, aggregate, markdown, ratios, targets)
 from lowlevel import ctr_data
 
-TRAINERS = ("lowlevel", "classic", "tf2_pss")
-# target -> (figure, op, bound): the issue's targets, ratios within one run
-TARGETS = {
-    "sparse_bytes_over_limit": ("<=", 1.2),
-    "sparse_lowlevel_over_classic": (">=", 2.0),
-    "sparse_lowlevel_over_tf2_pss": (">=", 2.0),
-    "sparse_ps_byte_imbalance": ("<=", 1.1),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,113 +201,6 @@ def run_suite(s: Settings, out: str, seed: int = 0, log=print) -> dict:
     result["ratios"] = ratios(runs, lim)
     result["targets"] = targets(result["ratios"])
     return result
-
-
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def aggregate(runs: list) -> list:
-    """One record per trainer: medians over its successful runs."""
-    records = []
-    for trainer in TRAINERS:
-        group = [r for r in runs if r["trainer"] == trainer]
-        ok = [r for r in group if r.get("ok")]
-        rss: dict = {}
-        for r in ok:
-            for task, mb in (r.get("peak_rss_mb") or {}).items():
-                rss[task] = max(mb, rss.get(task, 0))
-        by_ps = {k: _median([(r.get("bytes_by_ps") or {}).get(k) for r in ok])
-                 for k in sorted({k for r in ok for k in (r.get("bytes_by_ps") or {})})}
-        records.append({
-            "trainer": trainer, "runs": len(group), "ok": len(ok),
-            "error": None if ok or not group else group[-1].get("error", "")[-500:],
-            "timeout": bool(group) and not ok and any(r.get("timeout") for r in group),
-            **{k: _median([r.get(k) for r in ok]) for k in (
-                "examples_per_sec", "step_ms_p50", "step_ms_p90", "bytes_per_step",
-                "imbalance", "startup_secs")},
-            "bytes_by_ps": by_ps, "peak_rss_mb": rss})
-    return records
-
-
-def ratios(runs: list, lim: dict) -> dict:
-    """The targets' figures: medians over rounds of within-round ratios (lowlevel's)."""
-    def per_round(fn):
-        vals = []
-        for rnd in sorted({r["round"] for r in runs}):
-            by = {r["trainer"]: r for r in runs if r["round"] == rnd and r.get("ok")}
-            v = fn(by)
-            if v is not None:
-                vals.append(v)
-        return round(_median(vals), 3) if vals else None
-
-    def over(other):
-        return lambda by: (by["lowlevel"]["examples_per_sec"] / by[other]["examples_per_sec"]
-                           if "lowlevel" in by and other in by and
-                           by[other].get("examples_per_sec") else None)
-    return {
-        "sparse_bytes_over_limit": per_round(
-            lambda by: by["lowlevel"]["bytes_per_step"] / lim["total"]
-            if by.get("lowlevel", {}).get("bytes_per_step") else None),
-        "sparse_lowlevel_over_classic": per_round(over("classic")),
-        "sparse_lowlevel_over_tf2_pss": per_round(over("tf2_pss")),
-        "sparse_ps_byte_imbalance": per_round(lambda by: by.get("lowlevel", {}).get("imbalance")),
-    }
-
-
-def targets(ratio: dict) -> dict:
-    """{name: {value, op, bound, status PASS|FAIL|SKIP}}, as `_report.targets`."""
-    out = {}
-    for key, (op, bound) in TARGETS.items():
-        v = ratio.get(key)
-        status = ("SKIP" if v is None else "PASS" if (v >= bound if op == ">=" else v <= bound)
-                  else "FAIL")
-        out[key] = {"value": v, "op": op, "bound": bound, "status": status}
-    return out
-
-
-def _f(v, fmt):
-    return "-" if v is None else format(v, fmt)
-
-
-def markdown(sparse: dict) -> str:
-    s, lim = sparse["settings"], sparse["limit"]
-    lines = [
-        "## Sparse\n",
-        f"wide_deep on synthetic_ctr, {s['vocab_size']:,} rows x {s['embedding_dim']} "
-        f"({lim['table_bytes'] / 2**20:,.0f} MiB of tables), {s['num_ps']} ps + "
-        f"{s['num_workers']} workers async, batch {s['batch_size']}, hidden "
-        f"{','.join(map(str, s['hidden_units']))}, Adagrad {s['learning_rate']}; "
-        f"{s['steps']} measured steps per worker after {s['warmup_steps']}, "
-        f"{s['repeats']} round(s), {sparse['wall_secs']:.0f} s. Limit: "
-        f"{lim['total'] / 1e6:.3f} MB/step ({lim['sparse'] / 1e6:.3f} MB of unique rows, "
-        f"{lim['unique_ids_per_batch']:.0f} of {lim['ids_per_batch']} ids per batch; "
-        f"{lim['dense'] / 1e6:.3f} MB dense).\n",
-        "| trainer | examples/s | step p50 ms | MB/step | x limit | MB by ps | ps max/mean "
-        "| peak RSS MiB per task | startup s |",
-        "|---|---|---|---|---|---|---|---|---|"]
-    for r in sparse["records"]:
-        if not r["ok"]:
-            why = "timeout" if r["timeout"] else "failed"
-            lines.append(f"| {r['trainer']} | {why}: "
-                         f"{(r['error'] or '').strip().splitlines()[0] if r['error'] else ''}"
-                         " | | | | | | | |")
-            continue
-        b = r["bytes_per_step"]
-        lines.append(
-            f"| {r['trainer']} | {_f(r['examples_per_sec'], ',.0f')} | "
-            f"{_f(r['step_ms_p50'], '.1f')} | {_f(b and b / 1e6, '.3f')} | "
-            f"{_f(b and b / lim['total'], '.2f')} | "
-            f"{', '.join(f'{k} {v / 1e6:.1f}' for k, v in r['bytes_by_ps'].items())} | "
-            f"{_f(r['imbalance'], '.3f')} | "
-            f"{', '.join(f'{k} {v:,.0f}' for k, v in sorted(r['peak_rss_mb'].items()))} | "
-            f"{_f(r['startup_secs'], '.1f')} |")
-    lines += ["", "| target | value | bound | status |", "|---|---|---|---|"]
-    for k, t in sparse["targets"].items():
-        lines.append(f"| {k} | {_f(t['value'], '.3f')} | {t['op']} {t['bound']:g} | "
-                     f"{t['status']} |")
-    return "\n".join(lines) + "\n"
 
 
 def define_flags(flags) -> None:

@@ -1,0 +1,146 @@
+"""The sparse suite of `benchmarks.throughput`: its arithmetic (fast) and a tiny real run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+
+from benchmarks import sparse
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_unique_per_batch_counts_distinct_ids_of_each_column():
+    ids = np.stack([np.zeros(64, np.int64),  # one id: 1 per batch
+                    np.arange(64, dtype=np.int64),  # all distinct: batch size
+                    np.arange(64, dtype=np.int64) % 4], axis=1)  # 4 ids, 16 of each
+    got = sparse.unique_per_batch(ids, batch_size=16, num_batches=40)
+    assert got[0] == 1 and got[1] == 16
+    assert 2.0 < got[2] <= 4.0  # 16 draws of 4 values: almost always all 4
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        sparse.unique_per_batch(ids[:8], batch_size=16)
+
+
+def test_dense_params_of_the_wide_deep_model():
+    # wide unit 13 + 1; MLP (13 + 26 x 16) -> 128 -> 128 -> 1
+    assert sparse.dense_params(13, 26, 16, (128, 128)) == 14 + 429 * 128 + 128 + \
+        128 * 128 + 128 + 128 + 1
+
+
+def test_limit_counts_each_unique_row_both_ways_and_the_dense_part_once():
+    lim = sparse.limit_bytes([10, 2], [5], embedding_dim=16, dense=1000)
+    # 12 field ids x (16 deep + 1 wide) floats + 5 cross floats, x 4 bytes x 2 ways
+    assert lim["sparse"] == (12 * 17 + 5) * 8
+    assert lim["dense"] == 8000
+    assert lim["total"] == lim["sparse"] + lim["dense"]
+
+
+def test_limit_of_synthetic_ctr_does_not_grow_with_the_table():
+    """The limit follows the unique rows a batch touches, not the table size (the issue's point)."""
+    small = sparse.limit(sparse.Settings(vocab_size=1_000_000))
+    big = sparse.limit(sparse.Settings(vocab_size=10_000_000))
+    assert big["table_bytes"] == 10 * small["table_bytes"]
+    assert 0.9 < big["total"] / small["total"] < 1.25
+    assert big["unique_ids_per_batch"] < big["ids_per_batch"]  # Zipf: repeated ids
+
+
+def test_imbalance_is_max_over_mean():
+    assert sparse.imbalance({"ps0": 300, "ps1": 100}) == 1.5
+    assert sparse.imbalance({"ps0": 5, "ps1": 5}) == 1.0
+    assert sparse.imbalance({}) is None and sparse.imbalance(None) is None
+    assert sparse.imbalance({"ps0": 0, "ps1": 0}) is None
+
+
+def _run(trainer, rnd, eps, bytes_per_step=None, imbalance=None):
+    return {"trainer": trainer, "round": rnd, "ok": True, "examples_per_sec": eps,
+            "bytes_per_step": bytes_per_step, "imbalance": imbalance}
+
+
+def test_ratios_are_medians_of_within_round_ratios_and_targets_judge_them():
+    runs = [_run("lowlevel", 0, 400, 1100, 1.05), _run("classic", 0, 100), _run("tf2_pss", 0, 300),
+            _run("lowlevel", 1, 200, 1300, 1.2), _run("classic", 1, 100), _run("tf2_pss", 1, 50),
+            _run("lowlevel", 2, 300, 1000, 1.0), _run("classic", 2, 200)]
+    got = sparse.ratios(runs, {"total": 1000})
+    assert got["sparse_lowlevel_over_classic"] == 2.0  # 4, 2, 1.5
+    assert got["sparse_lowlevel_over_tf2_pss"] == 2.667  # 1.33, 4: two rounds had tf2_pss
+    assert got["sparse_bytes_over_limit"] == 1.1
+    assert got["sparse_ps_byte_imbalance"] == 1.05
+    status = {k: t["status"] for k, t in sparse.targets(got).items()}
+    assert status == {"sparse_bytes_over_limit": "PASS", "sparse_lowlevel_over_classic": "PASS",
+                      "sparse_lowlevel_over_tf2_pss": "PASS", "sparse_ps_byte_imbalance": "PASS"}
+    failed = sparse.targets(dict(got, sparse_bytes_over_limit=1.3,
+                                 sparse_lowlevel_over_classic=None))
+    assert failed["sparse_bytes_over_limit"]["status"] == "FAIL"
+    assert failed["sparse_lowlevel_over_classic"]["status"] == "SKIP"
+
+
+def test_a_timed_out_trainer_is_reported_as_a_timeout():
+    runs = [_run("lowlevel", 0, 400, 1100, 1.05),
+            {"trainer": "classic", "round": 0, "ok": False, "timeout": True,
+             "error": "workers still running after 420 s"}]
+    records = {r["trainer"]: r for r in sparse.aggregate(runs)}
+    assert records["classic"]["timeout"] and not records["classic"]["ok"]
+    assert records["tf2_pss"]["runs"] == 0
+    lim = {"total": 1000, "sparse": 400, "dense": 600, "unique_ids_per_batch": 10,
+           "ids_per_batch": 20, "table_bytes": 2**20}
+    text = sparse.markdown({"settings": dataclasses.asdict(sparse.Settings()), "limit": lim, "records": list(records.values()), "wall_secs": 1.0,
+                            "targets": sparse.targets(sparse.ratios(runs, lim))})
+    assert "| classic | timeout: workers still running after 420 s" in text
+    assert "| sparse_lowlevel_over_classic | - | >= 2 | SKIP |" in text
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_tiny_sparse_suite(tmp_path):
+    """The three trainers on a small table, a few steps each: every figure is in the report."""
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "benchmarks.throughput", "--suite=sparse", f"--out={out}",
+            "--sparse_vocab_size=20000", "--sparse_steps=20", "--sparse_warmup_steps=5",
+            "--sparse_timeout_secs=240"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen = set()
+    try:
+        while proc.poll() is None:  # every process it starts, to check they all end
+            try:
+                seen.update(psutil.Process(proc.pid).children(recursive=True))
+            except psutil.Error:
+                pass
+            try:
+                proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        output = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-5000:]
+    result = json.loads((out / "results.json").read_text())
+    sp = result["sparse"]
+    assert sp["settings"]["vocab_size"] == 20000 and sp["settings"]["num_ps"] == 2
+    assert 0 < sp["limit"]["sparse"] < sp["limit"]["total"]
+    records = {r["trainer"]: r for r in sp["records"]}
+    assert set(records) == {"lowlevel", "classic", "tf2_pss"}
+    for name, rec in records.items():
+        assert rec["ok"] == 1, (name, rec.get("error"))
+        assert rec["examples_per_sec"] > 0
+        assert rec["bytes_per_step"] > sp["limit"]["dense"]  # at least the dense part moves
+        assert set(rec["bytes_by_ps"]) == {"ps0", "ps1"}
+        assert rec["imbalance"] >= 1.0
+        tasks = {"ps0", "ps1", "worker0", "worker1"} | ({"chief"} if name == "tf2_pss" else set())
+        assert set(rec["peak_rss_mb"]) == tasks
+        assert all(50 < mb < 8000 for mb in rec["peak_rss_mb"].values())
+    assert set(sparse.TARGETS) <= set(result["targets"])
+    assert not any(k.startswith("lowlevel_1ps1w") for k in result["targets"])  # dense: not run
+    md = (out / "results.md").read_text()
+    assert "## Sparse" in md and "| lowlevel |" in md and "sparse_ps_byte_imbalance" in md
+    left = [p.pid for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left running: {left}"
