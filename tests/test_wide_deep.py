@@ -204,3 +204,23 @@ def test_bytes_per_step_follow_the_rows_touched_not_the_table_size(tmp_path):
     # 10 M rows x 16 x 4 bytes = 640 MB of table; a step moves well under 1 MB either way.
     assert small < 2_000_000 and large < 2_000_000, (small, large)
     assert abs(large - small) / small < 0.10, (small, large)
+
+
+def test_lookup_sends_one_gradient_row_per_distinct_id():
+    """The gradient reaching a table holds each distinct id's summed row once (not one per use)."""
+    with tf.Graph().as_default():
+        table = v1.get_variable("t", [10, 3], tf.float32, v1.ones_initializer(),
+                                collections=[v1.GraphKeys.GLOBAL_VARIABLES, embeddings.TABLES])
+        ids = tf.constant([4, 1, 4, 4, 7, 1], tf.int64)
+        weights = tf.constant([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]])
+        rows = embeddings.lookup(table, ids)
+        (grad,) = tf.gradients(tf.reduce_sum(rows * weights), [table])
+        assert isinstance(grad, tf.IndexedSlices)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            got_rows, values, indices = sess.run([rows, grad.values, grad.indices])
+    assert got_rows.shape == (6, 3) and (got_rows == 1).all()
+    assert sorted(indices.tolist()) == [1, 4, 7]  # 3 distinct ids: 3 rows, not 6
+    by_id = {int(i): v for i, v in zip(indices, values)}
+    assert np.allclose(by_id[4], 1 + 3 + 4) and np.allclose(by_id[1], 2 + 6)
+    assert np.allclose(by_id[7], 5)
