@@ -36,12 +36,15 @@ def table(name: str, rows: int, dim: int, stddev: float, seed: int):
     """A `[rows, dim]` float32 table (partitioned if the scope has a partitioner).
 
     Initialised truncated-normal with `stddev`, shard by shard (no shard builds
-    the whole table's initial value).
+    the whole table's initial value). The scope's partitioner shards it, or
+    its `for_tables` if it has one (`placement.EvenShards`: the dense
+    variables are split by another rule).
     """
     return v1.get_variable(
         name, [rows, dim], tf.float32,
         v1.truncated_normal_initializer(stddev=stddev, seed=seed),
-        collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES, TABLES])
+        collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES, TABLES],
+        partitioner=getattr(v1.get_variable_scope().partitioner, "for_tables", None))
 
 
 def shards(params) -> list:

@@ -189,11 +189,12 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
         return lambda: models.for_config(config, data, partitioner)(
             data_lib.probe_inputs(data))
 
-    total = sum(placement.measure_variables(probe(None)).values())
-    partitioner = placement.partitioner(cluster.num_ps, total)
-    sizes = placement.measure_variables(probe(partitioner))
+    whole, tables = placement.measure(probe(None))
+    partitioner = placement.partitioner(cluster.num_ps, sum(whole.values()),
+                                        sum(whole[n] for n in tables))
+    sizes, tables = placement.measure(probe(partitioner))
     device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
-                                     task.job_name)
+                                     task.job_name, tables)
     return device, partitioner
 
 

@@ -58,16 +58,97 @@ def measure_variables(build: Callable[[], object], partitioner=None) -> dict[str
         return {v.op.name: op_bytes(v.op) for v in v1.global_variables()}
 
 
-def partitioner(num_ps: int, total_bytes: int):
+def partitioner(num_ps: int, total_bytes: int, table_bytes: int = 0):
     """The variable partitioner for a model of `total_bytes` on `num_ps` ps tasks, or None.
 
     Shards of at most max(total_bytes / (SHARDS_PER_PS * num_ps),
     MIN_SHARD_BYTES) bytes, split along axis 0; None with one ps.
+
+    With embedding tables (`table_bytes` of the total), a table above that
+    size is split into a multiple of `num_ps` such shards (`.for_tables` of
+    the result, which `embeddings.table` uses), and the other variables get
+    an `EvenShards` partitioner of their own bytes: they
+    are read and updated whole every step while a table moves only the rows a
+    batch touches, so per-step traffic is balanced only if the dense part is
+    spread evenly too.
     """
     if num_ps <= 1:
         return None
     max_shard = max(total_bytes // (SHARDS_PER_PS * num_ps), MIN_SHARD_BYTES)
-    return v1.variable_axis_size_partitioner(max_shard_bytes=max_shard)
+    if not table_bytes:
+        return v1.variable_axis_size_partitioner(max_shard_bytes=max_shard)
+    dense = EvenShards(num_ps, max(MIN_SHARD_BYTES, (total_bytes - table_bytes) //
+                                   (SHARDS_PER_PS * num_ps)), split_above=None)
+    dense.for_tables = EvenShards(num_ps, max_shard, split_above=max_shard)
+    return dense
+
+
+class EvenShards:
+    """Splits a variable into a multiple of `num_ps` shards along axis 0 (a partitioner).
+
+    A variable above `split_above` bytes (default max_shard / num_ps) gets
+    num_ps x ceil(bytes / (num_ps x max_shard)) shards, so the per-group plan
+    gives every ps the same share of it (wide & deep's 429 x 128 kernel on 2
+    ps: 4 shards, its 128 x 128 one: 2); smaller ones stay whole.
+    `for_tables`: the partitioner of the embedding tables, if this one is the
+    dense variables'.
+    """
+
+    def __init__(self, num_ps: int, max_shard: int, split_above=None):
+        self.num_ps = num_ps
+        self.max_shard = max_shard
+        self.split_above = max_shard // num_ps if split_above is None else split_above
+        self.for_tables = None
+
+    def __call__(self, shape, dtype, **_):
+        shape = tf.TensorShape(shape)
+        parts = [1] * shape.rank
+        size = (shape.num_elements() or 0) * tf.as_dtype(dtype).size
+        if shape.rank and size > self.split_above:
+            k = -(-size // (self.max_shard * self.num_ps)) * self.num_ps
+            parts[0] = min(k, shape[0])
+        return parts
+
+
+def measure(build: Callable[[], object], partitioner=None) -> tuple[dict[str, int], set]:
+    """As `measure_variables`, plus the names of the variables that are embedding tables."""
+    from lowlevel import embeddings  # noqa: PLC0415 (placement does not need it otherwise)
+    with tf.Graph().as_default() as graph:
+        with v1.variable_scope(v1.get_variable_scope(), partitioner=partitioner):
+            build()
+        sizes = {v.op.name: op_bytes(v.op) for v in v1.global_variables()}
+        return sizes, {t.op.name for t in graph.get_collection(embeddings.TABLES)}
+
+
+def grouped_plan(sizes: Mapping[str, int], num_ps: int, group) -> dict[str, int]:
+    """`plan` of the variables in `group` (names) and, separately, of the others.
+
+    Each group is balanced on its own, so both are spread evenly (the tables'
+    bytes would otherwise let the small dense part land anywhere).
+    """
+    inside = {n: b for n, b in sizes.items() if n in group}
+    outside = {n: b for n, b in sizes.items() if n not in group}
+    return {**_spread(inside, num_ps), **plan(outside, num_ps)}
+
+
+def _spread(sizes: Mapping[str, int], num_ps: int) -> dict[str, int]:
+    """Like `plan`, but the shards of one variable ("name/part_K") go to the ps tasks in turn.
+
+    A table's traffic follows the rows a batch touches, which its shards share
+    evenly: so each split table is spread evenly (its shard count is a multiple
+    of num_ps, `EvenShards`), largest tables first, starting at the least-loaded ps.
+    """
+    groups: dict[str, list] = {}
+    for name in sorted(sizes):
+        groups.setdefault(name.rsplit("/part_", 1)[0], []).append(name)
+    loads, assignment = [0] * num_ps, {}
+    for _, names in sorted(groups.items(), key=lambda kv: (-sum(sizes[n] for n in kv[1]), kv[0])):
+        order = sorted(range(num_ps), key=lambda i: (loads[i], i))
+        for j, name in enumerate(sorted(names, key=lambda n: (-sizes[n], n))):
+            k = order[j % num_ps] if len(names) > 1 else order[0]
+            assignment[name] = k
+            loads[k] += sizes[name]
+    return assignment
 
 
 def plan(sizes: Mapping[str, int], num_ps: int) -> dict[str, int]:
@@ -100,13 +181,15 @@ def loads(sizes: Mapping[str, int], assignment: Mapping[str, int], num_ps: int) 
 class ByteBalancedStrategy:
     """A `ps_strategy` for `replica_device_setter`: `__call__(op) -> ps task index`.
 
-    Follows `plan(sizes, num_ps)` for the variables it knows and sends any other
+    Follows `plan(sizes, num_ps)` (`grouped_plan` with the names of the embedding
+    `tables`) for the variables it knows and sends any other
     variable op to the currently least-loaded ps.
     """
 
-    def __init__(self, sizes: Mapping[str, int], num_ps: int):
+    def __init__(self, sizes: Mapping[str, int], num_ps: int, tables=()):
         self._num_ps = num_ps
-        self.assignment = plan(sizes, num_ps)
+        self.assignment = grouped_plan(sizes, num_ps, set(tables)) if tables else \
+            plan(sizes, num_ps)
         self.loads = loads(sizes, self.assignment, num_ps)
 
     def __call__(self, op) -> int:
@@ -129,7 +212,8 @@ def worker_device(task_index: int, worker_gpu: int, job_name: str = "worker") ->
 
 
 def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
-                  sizes: Optional[Mapping[str, int]] = None, job_name: str = "worker"):
+                  sizes: Optional[Mapping[str, int]] = None, job_name: str = "worker",
+                  tables=()):
     """A device function for `tf.device(...)` on training task `job_name`/`task_index`.
 
     Args:
@@ -138,6 +222,7 @@ def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
       worker_gpu: GPUs per worker (0: compute on the worker's CPU).
       sizes: {variable op name: bytes} of the model, from `measure_variables`.
       job_name: "worker", or "chief" for the task of a chief job.
+      tables: the names in `sizes` that are embedding tables (planned apart).
     Returns:
       The `replica_device_setter` device function.
     """
@@ -146,4 +231,4 @@ def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
         ps_device=PS_CPU,
         worker_device=worker_device(task_index, worker_gpu, job_name),
         cluster=dict(cluster),
-        ps_strategy=ByteBalancedStrategy(sizes or {}, num_ps))
+        ps_strategy=ByteBalancedStrategy(sizes or {}, num_ps, tables))

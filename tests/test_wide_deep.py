@@ -224,3 +224,31 @@ def test_lookup_sends_one_gradient_row_per_distinct_id():
     by_id = {int(i): v for i, v in zip(indices, values)}
     assert np.allclose(by_id[4], 1 + 3 + 4) and np.allclose(by_id[1], 2 + 6)
     assert np.allclose(by_id[7], 5)
+
+
+def test_the_dense_part_and_every_split_table_are_spread_evenly_over_the_ps():
+    """Per-step traffic balance: the dense variables move whole every step, a table moves the
+    rows a batch touches (spread over its shards): both are split evenly over the ps tasks."""
+    g = _graph(num_ps=2, vocab=10_000_000)
+    with g.graph.as_default():
+        variables = v1.trainable_variables()
+    tables = {t.op.name for t in _tables(g)}
+    dense, per_table = [0, 0], {}
+    for v in variables:
+        k = int(v.device.split("/task:")[1].split("/")[0])
+        if v.op.name in tables:
+            counts = per_table.setdefault(v.op.name.rsplit("/part_", 1)[0], [0, 0])
+            counts[k] += 1
+        else:
+            dense[k] += placement.op_bytes(v.op)
+    assert max(dense) / (sum(dense) / 2) < 1.05, dense
+    split = {name: c for name, c in per_table.items() if sum(c) > 1}
+    assert split and all(c[0] == c[1] for c in split.values()), split
+
+
+def test_even_shards_split_into_a_multiple_of_the_ps_count():
+    even = placement.EvenShards(num_ps=2, max_shard=64 << 10)
+    assert even([429, 128], tf.float32) == [4, 1]  # 220 KB: 2 x ceil(220 / 128)
+    assert even([128, 128], tf.float32) == [2, 1]  # 64 KB > 32 KB: one shard per ps
+    assert even([128], tf.float32) == [1]  # small: whole
+    assert even([3, 100000], tf.float32) == [3, 1]  # never more shards than rows
