@@ -62,7 +62,7 @@ class Settings:
     timeout_secs: float = 420.0
 
 
-QUICK = dict(vocab_size=1_000_000, warmup_steps=15, steps=120, timeout_secs=150.0)
+QUICK = dict(vocab_size=1_000_000, warmup_steps=10, steps=80, timeout_secs=150.0)
 
 
 def unique_per_batch(columns: np.ndarray, batch_size: int, num_batches: int = 64,
