@@ -59,18 +59,12 @@ def build_model(tf, strategy, field_sizes, num_crosses, num_dense):
 
     `forward(dense, categorical, crosses)` -> float32 `[B]` logits, as classic_sparse's.
     """
-    def normal(stddev, seed):
-        def init(shape=None, dtype=tf.float32, partition_shape=None, partition_offset=None):
-            offset = 0 if partition_offset is None else partition_offset[0]
-            return tf.random.stateless_truncated_normal(
-                partition_shape or shape, seed=[seed, offset], stddev=stddev)
-        return init
-
     def table(name, rows, dim, stddev, seed):
-        init = normal(stddev, seed)
-        return tf.Variable(lambda partition_shape=None, partition_offset=None: init(
-            [rows, dim], tf.float32, partition_shape, partition_offset),
-            shape=[rows, dim], dtype=tf.float32, name=name)
+        def init(partition_shape=None, partition_offset=None):  # one shard's rows, on its ps
+            offset = partition_offset[0] if partition_offset else 0
+            return tf.random.stateless_truncated_normal(
+                partition_shape or (rows, dim), seed=[seed, offset], stddev=stddev)
+        return tf.Variable(init, shape=[rows, dim], dtype=tf.float32, name=name)
 
     def dense_vars(name, fan_in, units, seed):
         limit = math.sqrt(6.0 / (fan_in + units))
