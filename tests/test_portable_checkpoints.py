@@ -1,7 +1,6 @@
 """Checkpoints are portable: every mode saves the same names; a checkpoint of any mode,
 cluster shape or process resumes in any other (real clusters, one output_dir)."""
 
-import gc
 import os
 import subprocess
 import sys
@@ -44,29 +43,13 @@ def _saved_shapes(g):
     return shapes, isinstance(g.saved["model/hidden0/kernel"], list)
 
 
-def _collect_quietly():
-    """Collects the graphs built so far.
-
-    SyncReplicasOptimizer makes a ready op that a graph never run leaves unused, which
-    tf_should_use reports (a page of ERROR lines) when it is collected: collect it now,
-    with the logger silenced (once: a collection walks every live object).
-    """
-    logger, level = tf.get_logger(), tf.get_logger().level
-    logger.setLevel("CRITICAL")
-    try:
-        gc.collect()
-    finally:
-        logger.setLevel(level)
-
-
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_every_mode_saves_the_same_names_and_shapes(optimizer, digits):
+def test_every_mode_saves_the_same_names_and_shapes(optimizer, digits, collect_graphs_quietly):
     saved = {}
     for name, cluster, period, sync in GRAPH_MODES:
         config = TrainConfig(optimizer=optimizer, communication_period=period, sync=sync,
                              hidden_units=HIDDEN)
         saved[name] = _saved_shapes(training.build(config, digits, cluster, Task("worker", 0), 0))
-    _collect_quietly()
     reference, _ = saved["in_process"]
     assert "model/hidden0/kernel" in reference and "global_step" in reference
     for name, (shapes, sharded) in saved.items():

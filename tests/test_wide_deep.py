@@ -125,7 +125,7 @@ def test_lookups_gather_on_the_ps_deduplicate_and_apply_sparse_adagrad(ctr, exac
     assert small.fused == []  # tables are never read whole
 
 
-def test_sync_mode_aggregates_table_gradients_sparsely(ctr):
+def test_sync_mode_aggregates_table_gradients_sparsely(ctr, collect_graphs_quietly):
     g = _graph(ctr, num_ps=2, sync=True)
     types = [op.type for op in g.graph.get_operations()]
     assert "SparseConditionalAccumulator" in types
