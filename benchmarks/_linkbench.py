@@ -67,13 +67,14 @@ OVERHEAD = 1.06  # bytes on the wire per byte of tensor: Ethernet/IP/TCP, gRPC f
 def expected_steps_per_sec(cfg: _configs.Config, bits: int, period: int) -> float:
     """Local steps/s per worker: the prior of `_configs`, or the link's cap if lower.
 
-    The cap: every step moves `analytic_bytes / 2` each way over the busiest link (the
-    ps's, shared by the workers), at `bits`/8 bytes/s with `OVERHEAD`.
+    The cap: a step moves `analytic_bytes` over the busiest link (the ps's, shared by
+    the workers), half each way but one after the other (the parameters come, then
+    the gradients go), at `bits`/8 bytes/s with `OVERHEAD`.
     """
     prior = _configs.PRIOR_STEPS_PER_SEC["comm_reduced" if cfg.mode == "comm_reduced"
                                          else cfg.trainer]
-    one_way = _configs.analytic_bytes(cfg, period) / 2 * max(1, cfg.num_workers) * OVERHEAD
-    cap = bits / 8 / one_way if one_way else float("inf")
+    wire = _configs.analytic_bytes(cfg, period) * max(1, cfg.num_workers) * OVERHEAD
+    cap = bits / 8 / wire if wire else float("inf")
     return min(prior * min(1.0, (_configs.REF_PARAMS / cfg.params) ** 0.8), cap)
 
 
@@ -138,7 +139,14 @@ def aggregate(runs: list) -> list:
                     "examples_per_sec": med("examples_per_sec"),
                     "step_ms_p50": med("step_ms_p50"), "bytes_per_step": med("bytes_per_step"),
                     "link_utilisation": statistics.median(util) if util else None})
-    return sorted(out, key=lambda r: (r["name"], r["mode"], -_bits(r["link"])))
+    return sorted(out, key=_order)
+
+
+def _order(rec: dict):
+    """local, classic, lowlevel exact, comm_reduced, tf2_pss; fastest link first."""
+    trainer = next((i for i, t in enumerate(("local", "classic", "lowlevel", "tf2_pss"))
+                    if rec["name"].startswith(t)), 9)
+    return trainer, rec["name"], rec["mode"] != "exact", -_bits(rec["link"])
 
 
 def _bits(link: str) -> int:
@@ -147,7 +155,7 @@ def _bits(link: str) -> int:
 
 def markdown(result: dict) -> str:
     rates = result["settings"]["links"]
-    keys = sorted({(r["name"], r["mode"]) for r in result["records"]})
+    keys = list(dict.fromkeys((r["name"], r["mode"]) for r in result["records"]))
     cell = {(r["name"], r["mode"], r["link"]): r for r in result["records"]}
     head = "| config | mode | " + " | ".join(
         f"{r} examples/s | {r} MB/step | {r} link use" for r in rates) + " |"
@@ -245,7 +253,7 @@ def main(meta: dict, describe) -> int:
             warmup, steps = plan(measured.get(key) or expected_steps_per_sec(
                 cfg, bits, FLAGS.communication_period), FLAGS.warmup_secs,
                 FLAGS.measure_secs, FLAGS.warmup_steps)
-            workdir = os.path.join(out, "runs", f"{count:03d}-{cfg.name}-{cfg.mode}-{rate}")
+            workdir = os.path.join(out, "runs", f"{count:03d}-{cfg.name}-{cfg.mode.replace('/', '')}-{rate}")
             os.makedirs(workdir)
             runner = _link_runners.OnHosts(bits) if cfg.num_ps else _runners
             t0 = time.monotonic()
