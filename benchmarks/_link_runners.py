@@ -214,7 +214,7 @@ class OnHosts:
             run = self._finish_references(procs, watcher, ["chief"], [out],
                                           time.monotonic() + timeout_secs, timeout_secs,
                                           batch_size, [[f"worker{i}" for i in
-                                                        range(num_workers)]])
+                                                        range(num_workers)]], grace_secs=5.0)
             if run.get("ok"):
                 run["shutdown_note"] = "ps and workers never exit (Server.join()); killed by PID"
             return run
@@ -223,9 +223,26 @@ class OnHosts:
 
     def _finish_references(self, procs, watcher, waited: list, outs: list, deadline: float,
                            timeout_secs: float, batch_size: int,
-                           groups: Optional[list] = None) -> dict:
-        """Waits for the `waited` processes, then reads the records they wrote to `outs`."""
+                           groups: Optional[list] = None,
+                           grace_secs: Optional[float] = None) -> dict:
+        """Waits for the `waited` processes, then reads the records they wrote to `outs`.
+
+        `grace_secs`: once every record is written, wait at most this long for the
+        processes to exit, then kill them (tf2_pss's coordinator can take 20 s to tear
+        down its cluster behind a slow link, after its measurement is done).
+        """
         mains = [procs.popen[n] for n in waited]
+        if grace_secs is not None:  # the records are all there: wait for exits a little only
+            wait_until(lambda: all(os.path.exists(o) for o in outs) or
+                       any(p.poll() is not None for p in mains), deadline, 0.1)
+            if all(os.path.exists(o) for o in outs):
+                deadline = min(deadline, time.monotonic() + grace_secs)
+                wait_until(lambda: all(p.poll() is not None for p in mains), deadline, 0.1)
+                for p in mains:
+                    if p.poll() is None:
+                        p.kill()  # ends with its record written: a clean finish here
+                        p.wait()
+                        p.returncode = 0
         if not wait_until(lambda: all(p.poll() is not None for p in mains), deadline, 0.1):
             return {"ok": False, "error": f"{', '.join(waited)} still running after "
                                           f"{timeout_secs:.0f} s:\n{procs.log(waited[0])}"}
