@@ -239,7 +239,26 @@ def main(meta: dict, describe) -> int:
           f"output in {out}", flush=True)
     result = {"meta": meta, "settings": {"links": rates, "tbf": {
         r: _links.tbf_settings(_links.parse_rate(r)) for r in rates}}}
-    runs, measured, rng, count = [], {}, random.Random(FLAGS.seed), 0
+    runs: list = []
+    try:
+        _rounds(rates, local, linked, total, runs, result, out, describe)
+    except KeyboardInterrupt as e:  # each run's hosts and processes are gone by now
+        _write(out, result, runs, final=False)
+        print(f"throughput --link: interrupted ({str(e) or 'SIGINT'}) after {len(runs)} of "
+              f"{total} runs; no namespace or process of it is left; partial "
+              f"{out}/results.json",
+              flush=True)
+        return 143 if str(e) == "SIGTERM" else 130
+    _write(out, result, runs, final=True)
+    print("\n" + markdown(result))
+    print(f"throughput --link: {sum(1 for r in runs if r.get('ok'))} of {len(runs)} runs ok "
+          f"in {result['meta']['wall_secs']:.0f} s; {out}/results.json, results.md, links.png",
+          flush=True)
+    return 0
+
+
+def _rounds(rates, local, linked, total, runs, result, out, describe) -> None:
+    measured, rng, count = {}, random.Random(FLAGS.seed), 0
     for rnd in range(FLAGS.repeats):
         todo = [(c, "none") for c in local]
         for rate in rates:
@@ -253,7 +272,8 @@ def main(meta: dict, describe) -> int:
             warmup, steps = plan(measured.get(key) or expected_steps_per_sec(
                 cfg, bits, FLAGS.communication_period), FLAGS.warmup_secs,
                 FLAGS.measure_secs, FLAGS.warmup_steps)
-            workdir = os.path.join(out, "runs", f"{count:03d}-{cfg.name}-{cfg.mode.replace('/', '')}-{rate}")
+            workdir = os.path.join(out, "runs", f"{count:03d}-{cfg.name}-"
+                                   f"{cfg.mode.replace('/', '')}-{rate}")
             os.makedirs(workdir)
             runner = _link_runners.OnHosts(bits) if cfg.num_ps else _runners
             t0 = time.monotonic()
@@ -275,12 +295,6 @@ def main(meta: dict, describe) -> int:
                   (f" [{rate}, link use {use:.2f}]" if use is not None else f" [{rate}]"),
                   flush=True)
             _write(out, result, runs, final=False)
-    _write(out, result, runs, final=True)
-    print("\n" + markdown(result))
-    print(f"throughput --link: {sum(1 for r in runs if r.get('ok'))} of {len(runs)} runs ok "
-          f"in {result['meta']['wall_secs']:.0f} s; {out}/results.json, results.md, links.png",
-          flush=True)
-    return 0
 
 
 def _write(out: str, result: dict, runs: list, final: bool) -> None:

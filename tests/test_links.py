@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -166,3 +167,47 @@ def test_a_tiny_run_behind_a_20mbit_link_stays_under_it_and_leaves_nothing(tmp_p
     assert run["bytes_per_step"] >= 8 * _configs.mlp_params((64, 64))
     assert (out / "results.md").read_text().count("20mbit") >= 1
     assert (out / "links.png").stat().st_size > 0
+
+
+def _cmdline(proc) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_sigterm_mid_run_removes_the_namespaces_and_ends_every_task(tmp_path):
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    argv = [sys.executable, "-m", "benchmarks.throughput", "--link=100mbit",
+            f"--out={tmp_path / 'links'}", "--configs=classic_1ps1w", "--hidden_units=64,64",
+            "--repeats=1", "--run_timeout_secs=200"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    mine = f"{netns.PREFIX}{proc.pid % 10000}"
+    seen = set()
+    try:
+        deadline = time.monotonic() + 120
+        # until the tasks run on their hosts (both the ps and the worker started)
+        while time.monotonic() < deadline and proc.poll() is None and not (
+                len([p for p in _descendants(proc.pid) if "benchmarks.classic" in
+                     _cmdline(p)]) >= 2 and any(
+                    n.startswith(mine) for n in netns.leftovers())):
+            seen.update(_descendants(proc.pid))
+            time.sleep(0.2)
+        seen.update(_descendants(proc.pid))
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, output[-3000:]
+    assert "interrupted (SIGTERM)" in output
+    assert not [n for n in netns.leftovers() if n.startswith(mine)]
+    assert len(seen) >= 2 and not [p.pid for p in seen if p.is_running() and
+                                   p.status() != psutil.STATUS_ZOMBIE]
