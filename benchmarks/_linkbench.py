@@ -41,10 +41,11 @@ import signal
 import statistics
 import time
 
-from absl import flags
+from absl import app, flags
 
 from benchmarks import _configs, _link_runners, _links, _report, _runners
 from lowlevel import files as lowlevel_files
+from lowlevel import netns
 
 FLAGS = flags.FLAGS
 CONFIGS = ["local", "classic_1ps1w", "lowlevel_1ps1w", "tf2_pss_1ps1w"]
@@ -218,7 +219,23 @@ def _interrupt(*_):
 
 
 def main(meta: dict, describe) -> int:
-    """Runs the link benchmark with the parsed FLAGS; `meta` as throughput.meta() made it."""
+    """Runs the link benchmark with the parsed FLAGS; `meta` as throughput.meta() made it.
+
+    Raises app.UsageError (one line) for a bad rate, --quick, or where namespaces or tc
+    are not available.
+    """
+    if FLAGS.quick:
+        raise app.UsageError("--quick does not apply to --link; for a short link run give "
+                             "--repeats=1 --measure_secs=2")
+    for rate in FLAGS.link:
+        try:
+            _links.parse_rate(rate)
+        except ValueError as e:
+            raise app.UsageError(f"--link: {e}")
+    if netns.unavailable():
+        raise app.UsageError(f"--link: {netns.unavailable()}; run as root")
+    if shutil.which("tc") is None:
+        raise app.UsageError("--link: needs iproute2's tc command (apt-get install iproute2)")
     for name, value in DEFAULTS.items():
         if not FLAGS[name].present:
             FLAGS[name].value = value

@@ -66,7 +66,7 @@ from typing import Optional
 
 from absl import app, flags
 
-from benchmarks import _configs, _linkbench, _links, _report, _runners
+from benchmarks import _configs, _linkbench, _report, _runners
 from lowlevel import files as lowlevel_files
 
 FLAGS = flags.FLAGS
@@ -118,13 +118,11 @@ flags.DEFINE_float("run_timeout_secs", 300.0, "A run still going after this is s
 flags.DEFINE_list("lowlevel_flags", None, "Extra trainer flags for the lowlevel and local "
                   "runs only, e.g. --lowlevel_flags=--intra_op_threads=2 (an experiment: "
                   "recorded in meta.settings).")
-flags.DEFINE_list("link", None, "Link rates, as tc writes them (10gbit, 1gbit, 100mbit): "
-                  "run local, classic, lowlevel exact and comm_reduced and TF2 PSS, 1 ps + 1 "
-                  "worker, each task on its own network-namespace host whose link has that "
-                  "rate both ways, once per rate (a list is a sweep, e.g. "
-                  "--link=10gbit,1gbit,100mbit, ~9 min with the default 2 rounds); writes "
-                  "the link-rate table, targets and links.png instead of the usual runs. "
-                  "Needs root (benchmarks/_linkbench.py).")
+flags.DEFINE_list("link", None, "Link rates as tc writes them (10gbit, 1gbit, 100mbit): "
+                  "instead of the usual runs, local, classic, lowlevel exact and comm_reduced "
+                  "and TF2 PSS (1 ps + 1 worker), each task on its own namespace host whose "
+                  "link has that rate both ways; a list is a sweep (--link=10gbit,1gbit,"
+                  "100mbit: ~10 min, 2 rounds). Root only. See benchmarks/_linkbench.py.")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 
 # Quick: one round of every configuration the targets need (not classic_1ps2w,
@@ -345,8 +343,8 @@ def main(argv):
     if bad:
         raise app.UsageError(f"--configs: unknown {bad}; expected some of {_configs.MAIN}")
     started = time.time()
-    if FLAGS.link:
-        return _link_main(started)
+    if FLAGS.link:  # bandwidth-limited links: benchmarks/_linkbench.py
+        return _linkbench.main(meta(sys.argv, started), describe)
     out = os.path.abspath(FLAGS.out)
     os.makedirs(out, exist_ok=True)
     shutil.rmtree(os.path.join(out, "runs"), ignore_errors=True)
@@ -396,18 +394,6 @@ def main(argv):
     write(bench, result, final=True)
     print_summary(result, out)
     return 0
-
-
-def _link_main(started: float) -> int:
-    for rate in FLAGS.link:
-        try:
-            _links.parse_rate(rate)
-        except ValueError as e:
-            raise app.UsageError(f"--link: {e}")
-    from lowlevel import netns
-    if netns.unavailable():
-        raise app.UsageError(f"--link: {netns.unavailable()}; run as root")
-    return _linkbench.main(meta(sys.argv, started), describe)
 
 
 def print_summary(result: dict, out: str) -> None:
