@@ -93,11 +93,17 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 f"did not have the model ready within {config.startup_timeout_secs:g} s "
                 "(--startup_timeout_secs): is it running?") from None
         with sess:
+            fields = creator.event_fields()
+            # The chief's model starts where its creator put it: read afterwards (by the
+            # hooks), the global step can already hold a fast worker's first steps (208 for
+            # a restore at 200 was seen).
+            if fields["origin"] in ("restored", "initialised"):
+                g.progress.initial_step = fields["restored_step"] or 0
             logging.info("%s: session ready at global step %d after %.1f s%s", task.name,
                          g.progress.initial_step, time.monotonic() - started,
                          f" ({creator.describe()})" if task.is_chief and
                          creator.origin != "initialised" else "")
-            events.emit("session_ready", g.progress.initial_step, **creator.event_fields())
+            events.emit("session_ready", g.progress.initial_step, **fields)
             if preemption:
                 preemption.training_started(
                     _emergency_save(sess, g, config.output_dir) if task.is_chief else None)

@@ -155,7 +155,10 @@ def test_checkpoint_without_optimizer_state_resumes_with_one_warning(tmp_path):
     assert all(name in warnings[0] for name in dropped), warnings[0]
     metrics = clusters.final_metrics(second)
     assert (metrics["start_global_step"], metrics["global_step"]) == (200, 400)
-    assert metrics["accuracy"] >= 0.9, metrics
+    # Fresh Adagrad accumulators (0.1) make the first steps after the resume about 3x larger
+    # than warm ones would: measured 0.894-0.958 over 7 runs (0.944 before the resume). An
+    # untrained or diverged model scores ~0.1 on digits.
+    assert metrics["accuracy"] >= 0.85, metrics
     assert sorted(_slots(tf.train.latest_checkpoint(str(second)))) == dropped
 
 
