@@ -187,6 +187,7 @@ def plot(records: list, rates: list, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 - matplotlib.ticker below
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [_links.parse_rate(r) / 1e6 for r in rates]
@@ -203,7 +204,12 @@ def plot(records: list, rates: list, path: str) -> None:
     for label, pts in sorted(lines.items()):
         ax.plot(sorted(pts), [pts[x] for x in sorted(pts)], marker="o", label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("link rate, Mbit/s each way (tbf on every host's link)")
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [r.replace("gbit", " Gbit/s").replace("mbit", " Mbit/s").replace(
+        "kbit", " kbit/s") for r in rates])
+    ax.minorticks_off()
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel("link rate, each way (tbf on every host's link)")
     ax.set_ylabel("examples/s (batch 128, warm-up excluded)")
     ax.set_title("Throughput against link rate (1 ps + 1 worker, each on its own host)")
     ax.grid(True, which="both", alpha=0.3)
