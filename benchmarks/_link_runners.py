@@ -74,10 +74,22 @@ class OnHosts:
         self.interval = interval
 
     def _run(self, names: list, workdir: str, body) -> dict:
-        """Makes the hosts, shapes them, runs `body(hosts, procs, watcher)`, cleans up."""
-        with netns.Hosts({n: [] for n in names}) as hosts:
-            for n in names:
-                shape(hosts, n, self.bits)
+        """Makes the hosts, shapes them, runs `body(hosts, procs, watcher)`, cleans up.
+
+        A host that cannot be made or shaped (`ip` or `tc` failing) fails the run with
+        the command's message; everything made so far is removed.
+        """
+        try:
+            hosts = netns.Hosts({n: [] for n in names})
+        except subprocess.CalledProcessError as e:
+            return {"ok": False, "error": f"cannot make the hosts: {' '.join(e.cmd)}: "
+                                          f"{(e.stderr or '').strip()}"}
+        with hosts:
+            try:
+                for n in names:
+                    shape(hosts, n, self.bits)
+            except RuntimeError as e:
+                return {"ok": False, "error": f"cannot limit the links: {e}"}
             watcher = LinkWatcher(hosts, {n: n for n in names}, self.interval)
             procs = _HostProcs(workdir, watcher, hosts)
             watcher.start()

@@ -73,7 +73,8 @@ def tbf_settings(bits: int) -> dict:
 def _tc(*args: str) -> None:
     proc = subprocess.run(["tc", *args], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"tc {' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
+        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[0]
+        raise RuntimeError(f"tc {' '.join(args)}: {why}")
 
 
 def shape(hosts, host: str, bits: int) -> None:

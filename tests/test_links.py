@@ -211,3 +211,15 @@ def test_sigterm_mid_run_removes_the_namespaces_and_ends_every_task(tmp_path):
     assert not [n for n in netns.leftovers() if n.startswith(mine)]
     assert len(seen) >= 2 and not [p.pid for p in seen if p.is_running() and
                                    p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_link_that_cannot_be_limited_fails_the_run_in_one_line_and_leaves_nothing():
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    from benchmarks import _link_runners
+    run = _link_runners.OnHosts(0).run_classic(1, 1, [], "/nonexistent", 10, 128)
+    assert run["ok"] is False
+    assert run["error"].startswith("cannot limit the links: tc ") and "\n" not in run["error"]
+    mine = f"{netns.PREFIX}{os.getpid() % 10000}"  # the names of this process's hosts
+    assert not [n for n in netns.leftovers() if n.startswith(mine)]
