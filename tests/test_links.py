@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -109,6 +110,12 @@ def test_steps_follow_the_link_cap_when_it_is_lower_than_the_prior():
     assert _linkbench.plan(300.0, 1.0, 5.0, 100) == (100, 1500)
 
 
+def _hosts_of(pid: int) -> list:
+    """Namespaces and links left by the `netns.Hosts` of process `pid` (tag: pid, 2 digits)."""
+    mine = re.compile(rf"^{netns.PREFIX}{pid % 10000}\d\d(h\d+[io]?|br)$")
+    return [n for n in netns.leftovers() if mine.match(n)]
+
+
 def _descendants(pid):
     out = []
     for proc in psutil.process_iter(["pid"]):
@@ -146,8 +153,7 @@ def test_a_tiny_run_behind_a_20mbit_link_stays_under_it_and_leaves_nothing(tmp_p
             proc.terminate()  # SIGTERM: the harness removes its namespaces on the way out
             proc.wait(30)
     assert proc.returncode == 0, output[-3000:]
-    mine = f"{netns.PREFIX}{proc.pid % 10000}"
-    assert not [n for n in netns.leftovers() if n.startswith(mine)]
+    assert not _hosts_of(proc.pid)
     assert seen and not [p.pid for p in seen if p.is_running() and
                          p.status() != psutil.STATUS_ZOMBIE]
     result = json.loads((out / "results.json").read_text())
@@ -187,15 +193,13 @@ def test_sigterm_mid_run_removes_the_namespaces_and_ends_every_task(tmp_path):
             "--repeats=1", "--run_timeout_secs=200"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    mine = f"{netns.PREFIX}{proc.pid % 10000}"
     seen = set()
     try:
         deadline = time.monotonic() + 120
         # until the tasks run on their hosts (both the ps and the worker started)
         while time.monotonic() < deadline and proc.poll() is None and not (
                 len([p for p in _descendants(proc.pid) if "benchmarks.classic" in
-                     _cmdline(p)]) >= 2 and any(
-                    n.startswith(mine) for n in netns.leftovers())):
+                     _cmdline(p)]) >= 2 and _hosts_of(proc.pid)):
             seen.update(_descendants(proc.pid))
             time.sleep(0.2)
         seen.update(_descendants(proc.pid))
@@ -208,7 +212,7 @@ def test_sigterm_mid_run_removes_the_namespaces_and_ends_every_task(tmp_path):
             proc.wait()
     assert proc.returncode == 143, output[-3000:]
     assert "interrupted (SIGTERM)" in output
-    assert not [n for n in netns.leftovers() if n.startswith(mine)]
+    assert not _hosts_of(proc.pid)
     assert len(seen) >= 2 and not [p.pid for p in seen if p.is_running() and
                                    p.status() != psutil.STATUS_ZOMBIE]
 
@@ -221,5 +225,4 @@ def test_a_link_that_cannot_be_limited_fails_the_run_in_one_line_and_leaves_noth
     run = _link_runners.OnHosts(0).run_classic(1, 1, [], "/nonexistent", 10, 128)
     assert run["ok"] is False
     assert run["error"].startswith("cannot limit the links: tc ") and "\n" not in run["error"]
-    mine = f"{netns.PREFIX}{os.getpid() % 10000}"  # the names of this process's hosts
-    assert not [n for n in netns.leftovers() if n.startswith(mine)]
+    assert not _hosts_of(os.getpid())
