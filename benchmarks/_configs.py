@@ -83,10 +83,13 @@ def analytic_bytes(cfg: Config, period: int) -> int:
 
 def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size: int,
                learning_rate: float, period: int, timeout_secs: float,
-               lowlevel_flags: tuple = ()) -> dict:
+               lowlevel_flags: tuple = (), runners=_runners) -> dict:
     """Runs the configuration's trainer: `warmup` + `measured` local steps per worker.
 
     `lowlevel_flags` are appended to the lowlevel (and local) trainer commands only.
+    `runners`: what starts the processes, `_runners` (this machine) or an object with
+    the same `run_lowlevel`, `run_classic` and `run_tf2_pss` (`_link_runners.OnHosts`:
+    every task on its own host behind a bandwidth-limited link).
 
     Returns the run dict of `_runners` (examples/s, step ms, bytes, RSS, times).
     """
@@ -108,13 +111,13 @@ def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size
         if cfg.mode == "comm_reduced":
             flags_.append(f"--communication_period={period}")
         flags_ += list(lowlevel_flags)
-        return _runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
+        return runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
                                      batch)
     if cfg.trainer == "classic":
         flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
                            f"--warmup_steps={warmup}"]
-        return _runners.run_classic(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
+        return runners.run_classic(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
                                     batch)
     flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
                        f"--warmup_steps={warmup * cfg.num_workers}"]
-    return _runners.run_tf2_pss(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout, batch)
+    return runners.run_tf2_pss(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout, batch)

@@ -84,6 +84,9 @@ flags.DEFINE_boolean("sync", False, "SyncReplicasOptimizer, aggregating one grad
 flags.DEFINE_string("checkpoint_dir", None, "Passed to MonitoredTrainingSession (checkpoints "
                     "and summaries); default none, as a pure throughput run.")
 flags.DEFINE_string("out_json", None, "Where a worker writes its throughput record.")
+flags.DEFINE_integer("intra_op_threads", 0, "Intra-op threads of this task (0: as lowlevel "
+                     "would choose them from the hosts, `_reference.thread_counts`).")
+flags.DEFINE_integer("inter_op_threads", 0, "Inter-op threads of this task (0: choose).")
 flags.DEFINE_string("start_file", None, "If set, a worker whose session is ready waits until "
                     "this file exists before its first step (a driver creates it once every "
                     "worker's session is ready, so that the workers train side by side and "
@@ -129,6 +132,7 @@ def main(_):
     if distributed:
         me = (ps_hosts if FLAGS.job_name == "ps" else worker_hosts)[FLAGS.task_index]
         intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker", ps_hosts)
+        intra, inter = FLAGS.intra_op_threads or intra, FLAGS.inter_op_threads or inter
         filters = ([f"/job:ps/task:{FLAGS.task_index}"] if FLAGS.job_name == "ps"
                    else ["/job:ps", f"/job:worker/task:{FLAGS.task_index}"])
         config = v1.ConfigProto(intra_op_parallelism_threads=intra,

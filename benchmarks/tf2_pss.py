@@ -69,6 +69,9 @@ flags.DEFINE_integer("train_steps", 2000, "Steps scheduled in all (all workers t
 flags.DEFINE_integer("warmup_steps", 100, "First steps (all workers together), not measured.")
 flags.DEFINE_integer("join_every", 100, "Measured steps scheduled between two joins.")
 flags.DEFINE_float("learning_rate", 0.1, "Adagrad learning rate.")
+flags.DEFINE_integer("intra_op_threads", 0, "Intra-op threads of this task (0: as lowlevel "
+                     "would choose them from the hosts, `_reference.thread_counts`).")
+flags.DEFINE_integer("inter_op_threads", 0, "Inter-op threads of this task (0: choose).")
 flags.DEFINE_string("out_json", None, "Where the chief writes the throughput record.")
 
 
@@ -179,6 +182,7 @@ def main(_):
     me = jobs[FLAGS.job_name][FLAGS.task_index]
     intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker",
                                      ps_hosts + [FLAGS.chief_host])
+    intra, inter = FLAGS.intra_op_threads or intra, FLAGS.inter_op_threads or inter
     # As the TensorFlow tutorial advises: a failed RPC reports to the caller at once.
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     import tensorflow as tf

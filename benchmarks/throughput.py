@@ -42,6 +42,10 @@ seconds from the first process start to the first step of the last worker; shutd
 seconds from the last step to every process gone (null for the references, whose ps
 never exits).
 
+Bandwidth-limited links (`--link=1gbit`, a sweep `--link=10gbit,1gbit,100mbit`): the
+configurations with a ps run with every task on its own host (a network namespace) whose
+link has that rate; see benchmarks/_linkbench.py. Needs root.
+
 Output in `--out`: results.json ({meta, records, runs, ratios, targets, accuracy,
 placement, notes}), results.md (the tables) and throughput.png (examples/s against model
 size), plus runs/ with every process's log. The table and the ratios with their targets
@@ -62,7 +66,7 @@ from typing import Optional
 
 from absl import app, flags
 
-from benchmarks import _configs, _report, _runners, sparse
+from benchmarks import _configs, _linkbench, _report, _runners, sparse
 from lowlevel import files as lowlevel_files
 
 FLAGS = flags.FLAGS
@@ -114,6 +118,11 @@ flags.DEFINE_float("run_timeout_secs", 300.0, "A run still going after this is s
 flags.DEFINE_list("lowlevel_flags", None, "Extra trainer flags for the lowlevel and local "
                   "runs only, e.g. --lowlevel_flags=--intra_op_threads=2 (an experiment: "
                   "recorded in meta.settings).")
+flags.DEFINE_list("link", None, "Link rates as tc writes them (10gbit, 1gbit, 100mbit): "
+                  "instead of the usual runs, local, classic, lowlevel exact and comm_reduced "
+                  "and TF2 PSS (1 ps + 1 worker), each task on its own namespace host whose "
+                  "link has that rate both ways; a list is a sweep (--link=10gbit,1gbit,"
+                  "100mbit: ~10 min, 2 rounds). Root only. See benchmarks/_linkbench.py.")
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 flags.DEFINE_list("suite", ["dense", "sparse"], "What to run: dense (the MLP configurations, "
                   "sweep, accuracy, placement) and/or sparse (wide & deep on a 10 M-row table, "
@@ -350,6 +359,8 @@ def main(argv):
     if bad:
         raise app.UsageError(f"--configs: unknown {bad}; expected some of {_configs.MAIN}")
     started = time.time()
+    if FLAGS.link:  # bandwidth-limited links: benchmarks/_linkbench.py
+        return _linkbench.main(meta(sys.argv, started), describe)
     out = os.path.abspath(FLAGS.out)
     os.makedirs(out, exist_ok=True)
     shutil.rmtree(os.path.join(out, "runs"), ignore_errors=True)

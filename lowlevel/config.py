@@ -117,6 +117,11 @@ def _field(default, help_text: str, *, choices: tuple = (), minimum=None, above=
     return dataclasses.field(default=default, metadata=meta)
 
 
+def _seconds(default: Optional[float], help_text: str):
+    """A `TrainConfig` duration in seconds (its name ends in `_secs`): a number > 0."""
+    return _field(default, help_text, above=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """What one task trains and how: the single source of every default, choice and bound.
@@ -125,8 +130,9 @@ class TrainConfig:
     `choices` and bounds (`minimum`, inclusive; `above`, exclusive);
     `lowlevel.trainer` derives the absl flags from them (`DEFINE_enum`,
     `lower_bound`) and `validate` checks them, so adding a field here is the
-    whole change. Units are in the names: `_secs` fields are seconds, `_steps`
-    fields global steps (`warmup_steps`: local steps).
+    whole change. Units are in the names: `_secs` fields are seconds (made by
+    `_seconds`: a number > 0), `_steps` fields global steps (`warmup_steps`:
+    local steps).
 
     Attributes (besides the fields):
       lr: the learning rate in effect.
@@ -182,8 +188,7 @@ class TrainConfig:
     save_checkpoint_steps: Optional[int] = _field(
         None, "Checkpoint every this many global steps (overrides --save_checkpoint_secs).",
         minimum=1)
-    save_checkpoint_secs: Optional[float] = _field(
-        60.0, "Checkpoint every this many seconds.", above=0)
+    save_checkpoint_secs: Optional[float] = _seconds(60.0, "Checkpoint every this many seconds.")
     keep_checkpoint_max: int = _field(5, "Checkpoints to keep.", minimum=1)
     max_checkpoint_failures: int = _field(
         3, "Checkpoint saves in a row that may fail (a full or read-only --output_dir: one "
@@ -197,7 +202,7 @@ class TrainConfig:
     export_every_checkpoint: bool = _field(
         False, "The evaluator also exports each checkpoint it evaluates to "
         "<output_dir>/export/<global_step>/.")
-    log_every_secs: float = _field(2.0, "Seconds between progress lines.", above=0)
+    log_every_secs: float = _seconds(2.0, "Seconds between progress lines.")
     # Resources and timeouts.
     worker_gpu: Optional[int] = _field(
         None, "GPUs per worker (worker I computes on GPU I mod worker_gpu); default: the "
@@ -207,29 +212,29 @@ class TrainConfig:
         "tasks on this machine.", minimum=0)
     inter_op_threads: int = _field(
         0, "TensorFlow inter-op threads per task; 0: auto (at least 2).", minimum=0)
-    shutdown_timeout_secs: float = _field(
+    shutdown_timeout_secs: float = _seconds(
         60.0, "How long the chief waits after its last step for the other workers to "
-        "finish before stopping the ps tasks.", above=0)
-    startup_timeout_secs: float = _field(
+        "finish before stopping the ps tasks.")
+    startup_timeout_secs: float = _seconds(
         600.0, "How long a worker waits for the ps tasks and the chief's model (and for "
         "their host names to resolve) before giving up with exit status 200 (retryable), "
-        "naming the task.", above=0)
-    eval_timeout_secs: float = _field(
+        "naming the task.")
+    eval_timeout_secs: float = _seconds(
         600.0, "How long an evaluator waits for a new checkpoint before giving up with exit "
-        "status 200 (retryable).", above=0)
-    sync_timeout_secs: float = _field(
+        "status 200 (retryable).")
+    sync_timeout_secs: float = _seconds(
         30.0, "Sync mode: how long one step may wait for gradients before the chief logs "
         "which workers do not answer (it keeps waiting; the step completes when they are "
-        "back).", above=0)
-    step_timeout_secs: float = _field(
+        "back).")
+    step_timeout_secs: float = _seconds(
         60.0, "Deadline of each session.run of the training loop (a step, a claim, an "
         "exchange). A run past it (a ps frozen or cut off by a partition: no error, just "
-        "silence) is reported with the tasks that do not answer, and run again.", above=0)
-    fault_timeout_secs: float = _field(
+        "silence) is reported with the tasks that do not answer, and run again.")
+    fault_timeout_secs: float = _seconds(
         90.0, "How long a training task keeps retrying while its peers (the ps tasks, the "
         "chief; sync: the other workers) do not answer, before it gives up with exit "
         "status 200 (retryable), naming them. Also bounds each session recovery's wait "
-        "for the ps tasks.", above=0)
+        "for the ps tasks.")
     communication_period: int = _field(
         1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
         "or model averaging (--sync); K times fewer bytes per step; see "

@@ -54,25 +54,33 @@ flags.DEFINE_enum("format", "shell", ["shell", "json", "tfjob", "k8s"], "shell: 
                   "NetworkPolicy (YAML); k8s: a headless Service, a Job per task and a "
                   "NetworkPolicy (YAML), for clusters without the training operator.")
 flags.DEFINE_string("python", "python", "The Python command in the printed lines.")
+
+
+def _kubernetes_flag(define, name: str, default, help_text: str) -> None:
+    """Defines a flag of --format=tfjob and k8s only; its help says so ("tfjob/k8s: ...")."""
+    define(name, default, f"tfjob/k8s: {help_text}")
+
+
 # Kubernetes (--format=tfjob / k8s): the layout; addresses are derived from --name.
-flags.DEFINE_integer("num_ps", 1, "tfjob/k8s: ps tasks.")
-flags.DEFINE_integer("num_workers", 2, "tfjob/k8s: workers (worker 0 is the chief unless "
-                     "--chief_job).")
-flags.DEFINE_boolean("chief_job", False, "tfjob/k8s: a separate Chief replica.")
-flags.DEFINE_string("name", None, "tfjob/k8s: the run's name (a DNS label: lowercase "
-                    "letters, digits, '-'); pods are NAME-ROLE-I.")
-flags.DEFINE_string("namespace", "default", "tfjob/k8s: the Kubernetes namespace.")
-flags.DEFINE_string("image", None, "tfjob/k8s: the container image (scripts/Dockerfile).")
-flags.DEFINE_string("pvc", None, "tfjob/k8s: the PersistentVolumeClaim (ReadWriteMany) "
-                    "mounted at --output_dir in every pod.")
-flags.DEFINE_string("cpu", None, "tfjob/k8s: CPU requests, one value for every role (2) or "
-                    "per role (ps=1,worker=4,chief=4,evaluator=1).")
-flags.DEFINE_string("memory", None, "tfjob/k8s: memory requests, as --cpu (e.g. 4Gi or "
-                    "ps=2Gi,worker=8Gi).")
-flags.DEFINE_integer("worker_gpus", 0, "tfjob/k8s: nvidia.com/gpu limit of each chief and "
-                     "worker.")
-flags.DEFINE_integer("backoff_limit", 10, "tfjob/k8s: retries before the run (TFJob) or a "
-                     "task's Job fails; only retryable exit statuses are retried.")
+_kubernetes_flag(flags.DEFINE_integer, "num_ps", 1, "ps tasks.")
+_kubernetes_flag(flags.DEFINE_integer, "num_workers", 2, "workers (worker 0 is the chief "
+                 "unless --chief_job).")
+_kubernetes_flag(flags.DEFINE_boolean, "chief_job", False, "a separate Chief replica.")
+_kubernetes_flag(flags.DEFINE_string, "name", None, "the run's name (a DNS label: lowercase "
+                 "letters, digits, '-'); pods are NAME-ROLE-I.")
+_kubernetes_flag(flags.DEFINE_string, "namespace", "default", "the Kubernetes namespace.")
+_kubernetes_flag(flags.DEFINE_string, "image", None, "the container image "
+                 "(scripts/Dockerfile).")
+_kubernetes_flag(flags.DEFINE_string, "pvc", None, "the PersistentVolumeClaim (ReadWriteMany) "
+                 "mounted at --output_dir in every pod.")
+_kubernetes_flag(flags.DEFINE_string, "cpu", None, "CPU requests, one value for every role (2) "
+                 "or per role (ps=1,worker=4,chief=4,evaluator=1).")
+_kubernetes_flag(flags.DEFINE_string, "memory", None, "memory requests, as --cpu (e.g. 4Gi or "
+                 "ps=2Gi,worker=8Gi).")
+_kubernetes_flag(flags.DEFINE_integer, "worker_gpus", 0, "nvidia.com/gpu limit of each chief "
+                 "and worker.")
+_kubernetes_flag(flags.DEFINE_integer, "backoff_limit", 10, "retries before the run (TFJob) or "
+                 "a task's Job fails; only retryable exit statuses are retried.")
 
 
 def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | None,

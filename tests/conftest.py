@@ -44,3 +44,24 @@ def hosts_factory():
         hosts.close()
     assert not [n for n in netns.leftovers() if any(n.startswith(ns) for h in made
                                                     for ns in h.namespaces.values())]
+
+
+@pytest.fixture
+def collect_graphs_quietly():
+    """After the test, collects the graphs it built, with TensorFlow's logger silenced.
+
+    SyncReplicasOptimizer makes a ready op that a graph never run leaves unused;
+    tf_should_use reports it (a page of ERROR lines) when the graph is collected,
+    which would otherwise happen in a later test or at exit, outside pytest's capture.
+    """
+    import gc
+
+    import tensorflow as tf
+    yield
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("CRITICAL")
+    try:
+        gc.collect()
+    finally:
+        logger.setLevel(level)

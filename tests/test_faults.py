@@ -84,7 +84,10 @@ def test_watch_retries_until_the_run_completes_and_clears_the_outage():
     assert watch._since is None
 
 
-def test_watch_gives_up_past_the_limit_naming_who_does_not_answer():
+def test_watch_gives_up_past_the_limit_naming_who_does_not_answer(monkeypatch):
+    # Each expiry probes the frozen ps, which never answers: a short probe says so as well
+    # as the default 1 s (3 expiries here).
+    monkeypatch.setattr(faults, "PROBE_TIMEOUT_SECS", 0.2)
     frozen, address = listener(None)
     try:
         clock = Clock()

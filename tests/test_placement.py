@@ -1,3 +1,4 @@
+import functools
 import re
 
 import numpy as np
@@ -94,12 +95,24 @@ def _round_robin_loads(graph, num_ps):
     return [sum(sizes[i::num_ps]) for i in range(num_ps)]
 
 
+@functools.lru_cache(maxsize=None)
+def _synthetic_graph(num_ps, model, hidden):
+    """Worker 1's graph of `model` on MNIST-shaped data (built once: the tests only read it)."""
+    synthetic = data_lib.synthetic(num_train=64, num_test=16)
+    return _graph(num_ps, model=model, hidden=hidden, data=synthetic)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_synthetic_graphs():
+    yield
+    _synthetic_graph.cache_clear()
+
+
 @pytest.mark.parametrize("num_ps", [2, 3])
 @pytest.mark.parametrize("model,hidden", [("mlp", (512, 512)), ("cnn", (128,)),
                                           ("cnn", (256,)), ("mlp", (2048, 2048))])
 def test_bytes_are_balanced_across_ps_tasks(num_ps, model, hidden):
-    synthetic = data_lib.synthetic(num_train=64, num_test=16)
-    g = _graph(num_ps, model=model, hidden=hidden, data=synthetic)
+    g = _synthetic_graph(num_ps, model, hidden)
     loads = _ps_loads(g.graph, num_ps)
     assert max(loads) / (sum(loads) / num_ps) <= 1.1, loads  # issue 5's ps_byte_imbalance
     assert max(loads) < max(_round_robin_loads(g.graph, num_ps))
@@ -113,8 +126,7 @@ def _build_model(model, hidden, shape, partitioner=None):
 
 
 def test_graph_loads_follow_the_plan_exactly():
-    synthetic = data_lib.synthetic(num_train=64, num_test=16)
-    g = _graph(2, hidden=(512, 512), data=synthetic)
+    g = _synthetic_graph(2, "mlp", (512, 512))
     whole = placement.measure_variables(lambda: _build_model("mlp", (512, 512), (28, 28, 1)))
     part = placement.partitioner(2, sum(whole.values()))
     shards = placement.measure_variables(
