@@ -257,7 +257,7 @@ def test_lookup_sends_one_gradient_row_per_distinct_id():
 def test_the_dense_part_and_every_split_table_are_spread_evenly_over_the_ps():
     """Per-step traffic balance: the dense variables move whole every step, a table moves the
     rows a batch touches (spread over its shards): both are split evenly over the ps tasks."""
-    g = _graph(num_ps=2, vocab=10_000_000)
+    g = _graph(ctr_data.synthetic_ctr(10_000_000, 1000, num_train=512, num_test=128), num_ps=2)
     with g.graph.as_default():
         variables = v1.trainable_variables()
     tables = {t.op.name for t in _tables(g)}
