@@ -333,10 +333,15 @@ def write(bench: Bench, result: dict, final: bool) -> None:
     lowlevel_files.write_json(os.path.join(bench.out, "results.json"), result, indent=1)
     if final:
         with open(os.path.join(bench.out, "results.md"), "w") as f:
-            f.write(_report.markdown(result))
+            if records or not result.get("sparse"):
+                f.write(_report.markdown(result))
+            else:  # --suite=sparse alone: no dense table, ratio or plot to show
+                f.write(f"# Throughput benchmark\n\n`{result['meta']['command']}` — "
+                        f"{result['meta']['date']}, {result['meta']['wall_secs']:.0f} s.\n")
             if result.get("sparse"):
                 f.write("\n" + sparse.markdown(result["sparse"]))
-        _report.plot(records, os.path.join(bench.out, "throughput.png"))
+        if records:
+            _report.plot(records, os.path.join(bench.out, "throughput.png"))
 
 
 def main(argv):
