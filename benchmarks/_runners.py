@@ -39,7 +39,7 @@ import psutil
 
 from benchmarks import _reference
 from benchmarks._measure import Watcher, kill_tree
-from lowlevel import events
+from lowlevel import events, lifetime
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECS = 5.0
@@ -52,9 +52,11 @@ class Procs:
         self.workdir = workdir
         self.watcher = watcher
         self.popen: dict[str, subprocess.Popen] = {}
-        self.env = dict(os.environ, PYTHONUNBUFFERED="1",
-                        PYTHONPATH=os.pathsep.join(
-                            [ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        # lifetime.child_env: every process it starts dies with this one (a reference
+        # trainer's ps never exits by itself: a benchmark killed with SIGKILL left them).
+        self.env = lifetime.child_env(dict(
+            os.environ, PYTHONUNBUFFERED="1",
+            PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
         self.env.pop("TF_CONFIG", None)
         self.launched = time.time()
 

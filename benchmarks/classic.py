@@ -65,6 +65,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
+from lowlevel import lifetime
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -119,6 +120,7 @@ def next_batches(images, labels, batch_size, seed):
 
 
 def main(_):
+    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
     v1.disable_eager_execution()
     ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
     hidden = [int(h) for h in FLAGS.hidden_units]

@@ -45,7 +45,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel import ctr_data
+from lowlevel import ctr_data, lifetime
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -116,6 +116,7 @@ def next_batches(split, batch_size, seed):
 
 
 def main(_):
+    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
     v1.disable_eager_execution()
     ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
     if not (ps_hosts and worker_hosts) or FLAGS.job_name not in ("ps", "worker"):

@@ -55,6 +55,7 @@ import time
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
+from lowlevel import lifetime
 
 FLAGS = flags.FLAGS
 
@@ -173,6 +174,7 @@ def _percentile(values, q):
 
 
 def main(_):
+    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
     ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
     if not (ps_hosts and worker_hosts and FLAGS.chief_host):
         raise app.UsageError("--ps_hosts, --worker_hosts and --chief_host are all required")

@@ -33,6 +33,7 @@ import time
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
+from lowlevel import lifetime
 
 FLAGS = flags.FLAGS
 
@@ -188,6 +189,7 @@ def run_chief(tf, cluster_spec, num_workers):
 
 
 def main(_):
+    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
     ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
     if not (ps_hosts and worker_hosts and FLAGS.chief_host):
         raise app.UsageError("--ps_hosts, --worker_hosts and --chief_host are all required")

@@ -126,7 +126,8 @@ flags.DEFINE_list("link", None, "Link rates as tc writes them (10gbit, 1gbit, 10
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 flags.DEFINE_list("suite", ["dense", "sparse"], "What to run: dense (the MLP configurations, "
                   "sweep, accuracy, placement) and/or sparse (wide & deep on a 10 M-row table, "
-                  "benchmarks/sparse.py; short in --quick).")
+                  "benchmarks/sparse.py; short in --quick). Default: both, or dense only "
+                  "when --configs is given (a subset of the dense configurations).")
 sparse.define_flags(flags)
 
 # Quick: one round of every configuration the targets need (not classic_1ps2w,
@@ -351,6 +352,8 @@ def main(argv):
         for name, value in QUICK.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
+    if FLAGS["configs"].present and not FLAGS["suite"].present:
+        FLAGS.suite = ["dense"]  # --configs picks dense configurations: run just those
     if set(FLAGS.suite) - {"dense", "sparse"} or not FLAGS.suite:
         raise app.UsageError(f"--suite={','.join(FLAGS.suite)}: expected dense, sparse or both")
     if "dense" not in FLAGS.suite:  # nothing of the dense suite runs

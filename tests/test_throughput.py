@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -103,3 +104,54 @@ def test_bad_config_is_one_line():
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "--configs: unknown ['nope']" in proc.stderr
+
+
+def _alive(procs) -> list:
+    return [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_benchmark_takes_its_processes_with_it(tmp_path):
+    """SIGKILL leaves the harness no chance to stop anything: the processes it started must
+    end by themselves (PR_SET_PDEATHSIG, `lowlevel/lifetime.py`). The textbook trainer's ps
+    never exits on its own, so it is the case that matters."""
+    argv = [sys.executable, "-m", "benchmarks.throughput", f"--out={tmp_path / 'bench'}",
+            "--configs=classic_1ps1w", "--hidden_units=32,32", "--repeats=1",
+            "--measure_secs=60", "--min_steps=20000", "--sweep_widths=", "--noaccuracy",
+            "--noplacement", "--run_timeout_secs=200"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    seen = set()
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and proc.poll() is None:
+            seen.update(descendants_of(proc.pid))
+            started = [p for p in seen if p.is_running() and
+                       "benchmarks.classic" in " ".join(_cmdline(p))]
+            if len(started) >= 2:  # its ps and its worker
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the classic trainer's ps and worker never both ran")
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while _alive(seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(seen), f"processes outlived the killed harness: {_alive(seen)}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in seen:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def _cmdline(p) -> list:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
