@@ -129,3 +129,38 @@ def wait_for_ports(host_ports: Sequence[str], timeout_secs: float = 120.0) -> No
 def ready_file(start_file: str, task: str) -> str:
     """The file a reference worker creates once its session is ready (with `--start_file`)."""
     return f"{start_file}.{task}.ready"
+
+
+def drive_coordinator(coordinator, train_step, iterator, train_steps: int, warmup: int,
+                      join_every: int, num_workers: int, batch_size: int) -> dict:
+    """TF2 PSS: schedules `train_steps` steps, the first `warmup` unmeasured; joins every
+    `join_every` steps and times each chunk (wall ms x workers / steps in it).
+
+    Returns the chief's figures for `record`: first_step_unix, last_unix (seconds),
+    final_loss, and local_steps, examples_per_sec, step_ms_p50/p90 (ms).
+    """
+    coordinator.schedule(train_step, args=(iterator,))
+    coordinator.join()
+    first_step_unix = time.time()
+    for _ in range(warmup - 1):
+        coordinator.schedule(train_step, args=(iterator,))
+    coordinator.join()
+    remaining, chunk_ms, loss = train_steps - warmup, [], None
+    window_start = last = time.time()
+    while remaining > 0:
+        n = min(join_every, remaining)
+        for _ in range(n):
+            loss = coordinator.schedule(train_step, args=(iterator,))
+        coordinator.join()
+        now = time.time()
+        chunk_ms.append((now - last) * 1000.0 * num_workers / n)
+        last, remaining = now, remaining - n
+    measured = train_steps - warmup
+    return dict(
+        first_step_unix=first_step_unix, last_unix=last,
+        final_loss=float(loss.fetch()) if loss is not None else None,
+        local_steps=measured,
+        examples_per_sec=measured * batch_size / (last - window_start) if measured else None,
+        step_ms_p50=float(np.percentile(chunk_ms, 50)) if chunk_ms else None,
+        step_ms_p90=float(np.percentile(chunk_ms, 90)) if chunk_ms else None,
+        step_ms_basis="chunk wall time * num_workers / steps in the chunk")

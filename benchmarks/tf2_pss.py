@@ -50,7 +50,6 @@ waits until their ports accept connections):
 from __future__ import annotations
 
 import os
-import time
 
 from absl import app, flags, logging
 
@@ -136,41 +135,16 @@ def run_chief(tf, cluster_spec, num_workers, hidden):
 
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     warmup = max(1, min(FLAGS.warmup_steps, FLAGS.train_steps))
-    logging.info("chief: scheduling the first step")
-    coordinator.schedule(train_step, args=(iterator,))
-    coordinator.join()
-    first_step_unix = time.time()
-    for _ in range(warmup - 1):
-        coordinator.schedule(train_step, args=(iterator,))
-    coordinator.join()
-    logging.info("chief: %d warm-up steps done; measuring", warmup)
-
-    remaining, chunk_ms, loss = FLAGS.train_steps - warmup, [], None
-    window_start = last = time.time()
-    while remaining > 0:
-        n = min(FLAGS.join_every, remaining)
-        for _ in range(n):
-            loss = coordinator.schedule(train_step, args=(iterator,))
-        coordinator.join()
-        now = time.time()
-        chunk_ms.append((now - last) * 1000.0 * num_workers / n)
-        last, remaining = now, remaining - n
-    measured = FLAGS.train_steps - warmup
-    final_loss = float(loss.fetch()) if loss is not None else None
-    rec = ref.record("chief", batch_size, [], None, first_step_unix, last,
-                     trainer="tf2_pss", sync=False, num_ps=len(cluster_spec.as_dict()["ps"]),
-                     num_workers=num_workers, hidden_units=hidden,
-                     warmup_steps=warmup, final_loss=final_loss)
-    rec.update(local_steps=measured,
-               examples_per_sec=measured * batch_size / (last - window_start) if measured else None,
-               step_ms_p50=_percentile(chunk_ms, 50), step_ms_p90=_percentile(chunk_ms, 90),
-               step_ms_basis="chunk wall time * num_workers / steps in the chunk")
+    logging.info("chief: scheduling the first step; %d warm-up steps, then measuring", warmup)
+    run = ref.drive_coordinator(coordinator, train_step, iterator, FLAGS.train_steps, warmup,
+                                FLAGS.join_every, num_workers, batch_size)
+    rec = ref.record("chief", batch_size, [], None, run.pop("first_step_unix"),
+                     run.pop("last_unix"), trainer="tf2_pss", sync=False,
+                     num_ps=len(cluster_spec.as_dict()["ps"]), num_workers=num_workers,
+                     hidden_units=hidden, warmup_steps=warmup,
+                     final_loss=run.pop("final_loss"))
+    rec.update(run)
     return rec
-
-
-def _percentile(values, q):
-    import numpy as np
-    return float(np.percentile(values, q)) if values else None
 
 
 def main(_):
