@@ -96,3 +96,52 @@ def tail(path, n=40) -> str:
 def eval_metrics(output_dir, split_dir="eval") -> list:
     with open(os.path.join(output_dir, split_dir, "eval_metrics.json")) as f:
         return json.load(f)
+
+
+def descendants(pid: int) -> list:
+    """Every process whose ancestry includes `pid` (psutil.Process objects, by PID)."""
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if any(p.pid == pid for p in proc.parents()):
+                out.append(proc)
+        except psutil.Error:
+            pass
+    return out
+
+
+def alive(procs) -> list[int]:
+    """PIDs of `procs` still running (a zombie has ended)."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def run_watched(argv: list, stop=None) -> tuple[int, str, set, int]:
+    """Runs `argv` from the project root to its end, noting every process it starts.
+
+    `stop(proc)` ends it if the test is interrupted (default: SIGKILL).
+
+    Returns (exit status, stdout and stderr, the psutil.Process of every descendant seen,
+    the process's PID).
+    """
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=ENV)
+    seen: set = set()
+    try:
+        while proc.poll() is None:
+            seen.update(descendants(proc.pid))
+            try:
+                proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        return proc.returncode, proc.stdout.read(), seen, proc.pid
+    finally:
+        if proc.poll() is None:
+            (stop or (lambda p: p.kill()))(proc)
+            proc.wait(30)

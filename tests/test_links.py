@@ -16,6 +16,8 @@ import time
 import psutil
 import pytest
 
+import clusters
+
 from benchmarks import _configs, _linkbench, _links
 from lowlevel import netns
 
@@ -116,17 +118,6 @@ def _hosts_of(pid: int) -> list:
     return [n for n in netns.leftovers() if mine.match(n)]
 
 
-def _descendants(pid):
-    out = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if any(p.pid == pid for p in proc.parents()):
-                out.append(proc)
-        except psutil.Error:
-            pass
-    return out
-
-
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_tiny_run_behind_a_20mbit_link_stays_under_it_and_leaves_nothing(tmp_path):
@@ -137,25 +128,11 @@ def test_a_tiny_run_behind_a_20mbit_link_stays_under_it_and_leaves_nothing(tmp_p
     argv = [sys.executable, "-m", "benchmarks.throughput", "--link=20mbit", f"--out={out}",
             "--configs=lowlevel_1ps1w:exact", "--hidden_units=64,64", "--repeats=1",
             "--measure_secs=4", "--warmup_secs=1", "--run_timeout_secs=200"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    seen = set()
-    try:
-        while proc.poll() is None:  # every process it starts, to check they all end
-            seen.update(_descendants(proc.pid))
-            try:
-                proc.wait(0.5)
-            except subprocess.TimeoutExpired:
-                pass
-        output = proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.terminate()  # SIGTERM: the harness removes its namespaces on the way out
-            proc.wait(30)
-    assert proc.returncode == 0, output[-3000:]
-    assert not _hosts_of(proc.pid)
-    assert seen and not [p.pid for p in seen if p.is_running() and
-                         p.status() != psutil.STATUS_ZOMBIE]
+    # SIGTERM if interrupted: the harness removes its namespaces on the way out
+    returncode, output, seen, pid = clusters.run_watched(argv, stop=lambda p: p.terminate())
+    assert returncode == 0, output[-3000:]
+    assert not _hosts_of(pid)
+    assert seen and not clusters.alive(seen)
     result = json.loads((out / "results.json").read_text())
     (run,) = result["runs"]
     assert run["ok"] and run["link"] == "20mbit", run.get("error")
@@ -198,11 +175,11 @@ def test_sigterm_mid_run_removes_the_namespaces_and_ends_every_task(tmp_path):
         deadline = time.monotonic() + 120
         # until the tasks run on their hosts (both the ps and the worker started)
         while time.monotonic() < deadline and proc.poll() is None and not (
-                len([p for p in _descendants(proc.pid) if "benchmarks.classic" in
+                len([p for p in clusters.descendants(proc.pid) if "benchmarks.classic" in
                      _cmdline(p)]) >= 2 and _hosts_of(proc.pid)):
-            seen.update(_descendants(proc.pid))
+            seen.update(clusters.descendants(proc.pid))
             time.sleep(0.2)
-        seen.update(_descendants(proc.pid))
+        seen.update(clusters.descendants(proc.pid))
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         proc.terminate()
         output = proc.communicate(timeout=60)[0]
@@ -213,8 +190,7 @@ def test_sigterm_mid_run_removes_the_namespaces_and_ends_every_task(tmp_path):
     assert proc.returncode == 143, output[-3000:]
     assert "interrupted (SIGTERM)" in output
     assert not _hosts_of(proc.pid)
-    assert len(seen) >= 2 and not [p.pid for p in seen if p.is_running() and
-                                   p.status() != psutil.STATUS_ZOMBIE]
+    assert len(seen) >= 2 and not clusters.alive(seen)
 
 
 def test_a_link_that_cannot_be_limited_fails_the_run_in_one_line_and_leaves_nothing():

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
-import psutil
 import pytest
+
+import clusters
 
 from benchmarks import sparse
 
@@ -104,25 +104,8 @@ def test_tiny_sparse_suite(tmp_path):
     argv = [sys.executable, "-m", "benchmarks.throughput", "--suite=sparse", f"--out={out}",
             "--sparse_vocab_size=20000", "--sparse_steps=20", "--sparse_warmup_steps=5",
             "--sparse_timeout_secs=240"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    seen = set()
-    try:
-        while proc.poll() is None:  # every process it starts, to check they all end
-            try:
-                seen.update(psutil.Process(proc.pid).children(recursive=True))
-            except psutil.Error:
-                pass
-            try:
-                proc.wait(0.5)
-            except subprocess.TimeoutExpired:
-                pass
-        output = proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output[-5000:]
+    returncode, output, seen, _ = clusters.run_watched(argv)  # every process it starts
+    assert returncode == 0, output[-5000:]
     result = json.loads((out / "results.json").read_text())
     sp = result["sparse"]
     assert sp["settings"]["vocab_size"] == 20000 and sp["settings"]["num_ps"] == 2
@@ -142,5 +125,5 @@ def test_tiny_sparse_suite(tmp_path):
     assert not any(k.startswith("lowlevel_1ps1w") for k in result["targets"])  # dense: not run
     md = (out / "results.md").read_text()
     assert "## Sparse" in md and "| lowlevel |" in md and "sparse_ps_byte_imbalance" in md
-    left = [p.pid for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = clusters.alive(seen)
     assert not left, f"processes left running: {left}"

@@ -16,6 +16,8 @@ import time
 import psutil
 import pytest
 
+import clusters
+
 pytestmark = pytest.mark.cluster  # every test here starts trainer processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,18 +29,6 @@ RATIOS = ("lowlevel_1ps1w_over_local", "lowlevel_1ps1w_over_local_exact",
           "ps_byte_imbalance")
 
 
-def descendants_of(pid):
-    """PIDs of every process whose ancestry includes `pid` (looked up from /proc)."""
-    out = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if any(p.pid == pid for p in proc.parents()):
-                out.append(proc)
-        except psutil.Error:
-            pass
-    return out
-
-
 @pytest.mark.timeout(240)
 def test_tiny_run(tmp_path):
     out = tmp_path / "bench"
@@ -46,22 +36,8 @@ def test_tiny_run(tmp_path):
             "--configs=local,lowlevel_1ps1w", "--hidden_units=32,32", "--repeats=1",
             "--measure_secs=1", "--min_steps=100", "--warmup_steps=20", "--sweep_widths=",
             "--noaccuracy", "--noplacement", "--run_timeout_secs=120"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    seen = set()
-    try:
-        while proc.poll() is None:  # note every process it starts, to check they all end
-            seen.update(descendants_of(proc.pid))
-            try:
-                proc.wait(0.5)
-            except subprocess.TimeoutExpired:
-                pass
-        output = proc.stdout.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output
+    returncode, output, seen, _ = clusters.run_watched(argv)  # every process it starts
+    assert returncode == 0, output
 
     result = json.loads((out / "results.json").read_text())
     assert {"meta", "records", "runs", "ratios", "targets"} <= set(result)
@@ -94,7 +70,7 @@ def test_tiny_run(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert "PASS" in output or "FAIL" in output
 
-    left = [p.pid for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = clusters.alive(seen)
     assert not left, f"processes left running: {left}"
 
 
@@ -105,9 +81,6 @@ def test_bad_config_is_one_line():
     assert proc.returncode != 0
     assert "--configs: unknown ['nope']" in proc.stderr
 
-
-def _alive(procs) -> list:
-    return [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.mark.timeout(240)
@@ -125,7 +98,7 @@ def test_a_killed_benchmark_takes_its_processes_with_it(tmp_path):
     try:
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline and proc.poll() is None:
-            seen.update(descendants_of(proc.pid))
+            seen.update(clusters.descendants(proc.pid))
             started = [p for p in seen if p.is_running() and
                        "benchmarks.classic" in " ".join(_cmdline(p))]
             if len(started) >= 2:  # its ps and its worker
@@ -136,9 +109,10 @@ def test_a_killed_benchmark_takes_its_processes_with_it(tmp_path):
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 30
-        while _alive(seen) and time.monotonic() < deadline:
+        while clusters.alive(seen) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(seen), f"processes outlived the killed harness: {_alive(seen)}"
+        left = clusters.alive(seen)
+        assert not left, f"processes outlived the killed harness: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
