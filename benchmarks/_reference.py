@@ -164,3 +164,50 @@ def drive_coordinator(coordinator, train_step, iterator, train_steps: int, warmu
         step_ms_p50=float(np.percentile(chunk_ms, 50)) if chunk_ms else None,
         step_ms_p90=float(np.percentile(chunk_ms, 90)) if chunk_ms else None,
         step_ms_basis="chunk wall time * num_workers / steps in the chunk")
+
+
+def tf2_pss_task(flags, run_chief) -> None:
+    """One task of a TF2 ParameterServerStrategy reference trainer, from its flags.
+
+    `flags` has ps_hosts, worker_hosts, chief_host, job_name, task_index, out_json and,
+    optionally, intra_op_threads / inter_op_threads (0: this machine's share). A ps or a
+    worker serves until it is stopped; the chief calls `run_chief(tf, cluster_spec,
+    num_workers)` and writes the record it returns to --out_json.
+
+    Raises:
+      absl.app.UsageError: a host list is missing, or --task_index is out of range.
+    """
+    from absl import app, logging  # noqa: PLC0415 (only the TF2 references use them)
+
+    ps_hosts, worker_hosts = hosts(flags.ps_hosts), hosts(flags.worker_hosts)
+    if not (ps_hosts and worker_hosts and flags.chief_host):
+        raise app.UsageError("--ps_hosts, --worker_hosts and --chief_host are all required")
+    jobs = {"ps": ps_hosts, "worker": worker_hosts, "chief": [flags.chief_host]}
+    if not 0 <= flags.task_index < len(jobs[flags.job_name]):
+        raise app.UsageError(f"--task_index={flags.task_index} out of range")
+    me = jobs[flags.job_name][flags.task_index]
+    intra, inter = thread_counts(worker_hosts, me, flags.job_name == "worker",
+                                 ps_hosts + [flags.chief_host])
+    intra = getattr(flags, "intra_op_threads", 0) or intra
+    inter = getattr(flags, "inter_op_threads", 0) or inter
+    # As the TensorFlow tutorial advises: a failed RPC reports to the caller at once.
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    import tensorflow as tf  # noqa: PLC0415 (after the thread settings are known)
+
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    cluster_spec = tf.train.ClusterSpec(jobs)
+    if flags.job_name in ("ps", "worker"):
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra,
+                                          inter_op_parallelism_threads=inter)
+        server = tf.distribute.Server(cluster_spec, job_name=flags.job_name,
+                                      task_index=flags.task_index, protocol="grpc",
+                                      config=config, start=True)
+        logging.info("%s %d: serving on %s; join() forever", flags.job_name,
+                     flags.task_index, me)
+        server.join()
+        return
+    rec = run_chief(tf, cluster_spec, len(worker_hosts))
+    rec.update(intra_op_threads=intra, inter_op_threads=inter)
+    write_json(flags.out_json, rec)
+    logging.info("chief: done")

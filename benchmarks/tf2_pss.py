@@ -49,7 +49,6 @@ waits until their ports accept connections):
 
 from __future__ import annotations
 
-import os
 
 from absl import app, flags, logging
 
@@ -149,38 +148,8 @@ def run_chief(tf, cluster_spec, num_workers, hidden):
 
 def main(_):
     lifetime.die_with_parent()  # first: a harness that dies takes this task with it
-    ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
-    if not (ps_hosts and worker_hosts and FLAGS.chief_host):
-        raise app.UsageError("--ps_hosts, --worker_hosts and --chief_host are all required")
-    jobs = {"ps": ps_hosts, "worker": worker_hosts, "chief": [FLAGS.chief_host]}
-    if not 0 <= FLAGS.task_index < len(jobs[FLAGS.job_name]):
-        raise app.UsageError(f"--task_index={FLAGS.task_index} out of range")
-    me = jobs[FLAGS.job_name][FLAGS.task_index]
-    intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker",
-                                     ps_hosts + [FLAGS.chief_host])
-    intra, inter = FLAGS.intra_op_threads or intra, FLAGS.inter_op_threads or inter
-    # As the TensorFlow tutorial advises: a failed RPC reports to the caller at once.
-    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
-    cluster_spec = tf.train.ClusterSpec(jobs)
     hidden = [int(h) for h in FLAGS.hidden_units]
-    if FLAGS.job_name in ("ps", "worker"):
-        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra,
-                                          inter_op_parallelism_threads=inter)
-        server = tf.distribute.Server(cluster_spec, job_name=FLAGS.job_name,
-                                      task_index=FLAGS.task_index, protocol="grpc",
-                                      config=config, start=True)
-        logging.info("%s %d: serving on %s; join() forever", FLAGS.job_name,
-                     FLAGS.task_index, me)
-        server.join()
-        return
-    rec = run_chief(tf, cluster_spec, len(worker_hosts), hidden)
-    rec.update(intra_op_threads=intra, inter_op_threads=inter)
-    ref.write_json(FLAGS.out_json, rec)
-    logging.info("chief: done")
+    ref.tf2_pss_task(FLAGS, lambda tf, spec, workers: run_chief(tf, spec, workers, hidden))
 
 
 if __name__ == "__main__":
