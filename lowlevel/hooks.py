@@ -166,21 +166,33 @@ class SyncReplicasHook(v1.train.SessionRunHook):
     global_step reaches `last_step` (only the sync op moves global_step in sync
     mode), so nothing is left blocked.
 
-    A sync step waits for gradients for at most `timeout_secs` at a time; when
-    it runs out (a worker died and there are no backup workers) the loop logs
-    which workers do not answer (`missing_workers()`) and waits again. The step
+    The sync op runs without a deadline: it takes one accumulator after the
+    other, and a run cancelled between two of them (a `RunOptions` deadline
+    while a restarted worker's gradients arrive) throws away the gradients
+    already taken and leaves those accumulators a step ahead of the others,
+    which then drop every gradient as stale: the cluster deadlocks with every
+    task answering (seen in CI; a 2 ms deadline deadlocks a 2-worker run
+    within a few steps). Instead a watcher thread reports a step that has
+    waited `timeout_secs` for gradients (a worker died and there are no backup
+    workers): it logs which workers do not answer (`missing_workers()`) and
+    emits `fault_noticed`, every `timeout_secs` while the wait lasts. The step
     completes as soon as a restarted worker sends its gradient: nothing is
-    lost and nothing hangs silently.
+    lost and nothing hangs silently. A session closed under a waiting sync op
+    (preemption, a failure elsewhere) cancels it and the loop ends.
 
     Args:
       sync_optimizer: the optimizer, after `minimize`/`apply_gradients`.
       is_chief: whether this worker is the chief.
       global_step: the global step variable.
       last_step: the step training stops at.
-      timeout_secs: seconds a sync step may wait before the loop reports it.
+      timeout_secs: seconds a sync step may wait before the watcher reports it.
       missing_workers: returns "name at host:port" of workers that do not answer.
       num_tokens: tokens put in the queue at start; -1: `replicas_to_aggregate`.
     """
+
+    # A deadline no sync step reaches: 0 would mean the session's own
+    # `operation_timeout_in_ms` (`--step_timeout_secs`), which would cancel it.
+    NO_DEADLINE_MS = 365 * 24 * 3600 * 1000
 
     def __init__(self, sync_optimizer, is_chief: bool, global_step, last_step: int,
                  timeout_secs: float = 60.0, missing_workers=None, num_tokens: int = -1):
@@ -188,9 +200,13 @@ class SyncReplicasHook(v1.train.SessionRunHook):
         self._is_chief = is_chief
         self._global_step = global_step
         self._last_step = last_step
-        self._timeout_ms = max(1, int(timeout_secs * 1000))
+        self._timeout_secs = timeout_secs
         self._missing_workers = missing_workers or (lambda: [])
         self._num_tokens = num_tokens
+        self._lock = threading.Lock()
+        self._step = 0  # the global step the sync op under way will complete
+        self._since = 0.0  # monotonic seconds: when it started
+        self._reported = 0.0  # seconds of its wait reported so far
 
     def begin(self):
         opt = self._opt
@@ -209,34 +225,50 @@ class SyncReplicasHook(v1.train.SessionRunHook):
         if self._init_tokens_op is None:
             return
         session.run(self._init_tokens_op)
-        thread = threading.Thread(target=self._sync_loop, args=(session, coord),
+        ended = threading.Event()  # one per session: a recovered session starts anew
+        thread = threading.Thread(target=self._sync_loop, args=(session, coord, ended),
                                   name="sync_replicas_chief", daemon=True)
         coord.register_thread(thread)
         thread.start()
+        threading.Thread(target=self._watch, args=(coord, ended), name="sync_replicas_watch",
+                         daemon=True).start()
 
-    def _sync_loop(self, session, coord):
-        options = v1.RunOptions(timeout_in_ms=self._timeout_ms)
-        waited = 0.0
+    def _sync_loop(self, session, coord, ended):
+        options = v1.RunOptions(timeout_in_ms=self.NO_DEADLINE_MS)
         try:
             step = session.run(self._global_step)
             while not coord.should_stop() and step < self._last_step:
-                try:
-                    step = session.run(self._sync_op, options=options)
-                    if waited:
-                        logging.info("sync steps complete again (global step %d) after %.0f s",
-                                     step, waited)
-                    waited = 0.0
-                except tf.errors.DeadlineExceededError:
-                    waited += self._timeout_ms / 1000
-                    missing = self._missing_workers()
-                    events.emit("fault_noticed", step, error="sync step still waiting for "
-                                f"gradients after {waited:.0f} s", missing=missing)
-                    logging.warning(
-                        "sync step %d: still waiting for gradients after %.0f s "
-                        "(--sync_timeout_secs); %s", step, waited,
-                        f"not answering: {', '.join(missing)}" if missing else
-                        "every worker answers (a slow or restarting worker?)")
+                with self._lock:
+                    self._step, self._since, self._reported = step, time.monotonic(), 0.0
+                step = session.run(self._sync_op, options=options)
+                with self._lock:
+                    waited = self._reported and time.monotonic() - self._since
+                if waited:
+                    logging.info("sync steps complete again (global step %d) after %.0f s",
+                                 step, waited)
         except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
             return
         except Exception as e:  # noqa: BLE001 - handed to the coordinator
             coord.request_stop(e)
+        finally:
+            ended.set()
+
+    def _watch(self, coord, ended):
+        """Reports, every `timeout_secs`, a sync step still waiting for gradients."""
+        poll = min(max(self._timeout_secs / 4, 0.05), 1.0)
+        while not ended.wait(poll) and not coord.should_stop():
+            with self._lock:
+                step, waited = self._step, time.monotonic() - self._since
+                due = waited >= self._reported + self._timeout_secs
+                if due:
+                    self._reported = waited
+            if not due:
+                continue
+            missing = self._missing_workers()
+            events.emit("fault_noticed", step, error="sync step still waiting for "
+                        f"gradients after {waited:.0f} s", missing=missing)
+            logging.warning(
+                "sync step %d: still waiting for gradients after %.0f s "
+                "(--sync_timeout_secs); %s", step, waited,
+                f"not answering: {', '.join(missing)}" if missing else
+                "every worker answers (a slow or restarting worker?)")

@@ -205,6 +205,25 @@ def test_sync_without_backups_reports_the_missing_worker_and_resumes(tmp_path):
 
 
 @pytest.mark.timeout(200)
+def test_sync_steps_whose_waits_are_reported_every_few_ms_never_deadlock(tmp_path):
+    """A sync step's wait is reported, not cancelled: a deadline on the chief's sync op
+    that fired between two accumulators threw their gradients away and left them a step
+    ahead; the cluster then waited forever (CI; a 2 ms --sync_timeout_secs did it within
+    a dozen steps)."""
+    out = tmp_path / "run"
+    launch = Launch(out, "--sync", "--sync_timeout_secs=0.002", "--train_steps=600",
+                    "--step_timeout_secs=5", "--fault_timeout_secs=30")
+    try:
+        code = launch.finish(150)
+    finally:
+        launch.kill()
+    assert code == 0, launch.text()[-3000:]
+    assert clusters.final_metrics(out)["global_step"] == 600
+    reports = launch.events("fault_noticed", "worker0")  # the waits were seen as they happened
+    assert reports and all("still waiting for gradients" in r["error"] for r in reports)
+
+
+@pytest.mark.timeout(200)
 def test_without_restarts_a_preempted_task_fails_the_run(tmp_path):
     out = tmp_path / "run"
     launch = Launch(out, "--max_restarts=0")
