@@ -16,6 +16,15 @@ The known failures of the classic trainer on sparse models (TensorFlow issues
   optimizers apply with their sparse kernels (Adagrad:
   `ResourceSparseApplyAdagrad`) and `SyncReplicasOptimizer` aggregates in a
   `SparseConditionalAccumulator`.
+- The fields of a model share one table per width (`FieldTable`): field k's id
+  i is row `offsets[k] + i`, so a batch's ids of every field are deduplicated
+  and looked up together, one gather and one sparse update per shard per step
+  instead of one per field and shard (52 tables of wide & deep on 2 ps: ~400
+  tensors on the wire per step, each a RecvTensor call; benchmarks/NOTES.md).
+  Rows are spread over the table by a fixed multiplicative permutation, so
+  the hot low ids of every field land on every shard and each ps serves the
+  same traffic; the permutation does not depend on the number of ps tasks,
+  so checkpoints still restore with another one.
 - Tables are registered in the `TABLES` collection: the exact mode's fusion of
   small variables and the communication-reduced mode's local copies leave
   them alone (a whole-table read would make the gradient dense).
@@ -25,6 +34,9 @@ The known failures of the classic trainer on sparse models (TensorFlow issues
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import tensorflow as tf
 
 v1 = tf.compat.v1
@@ -45,6 +57,54 @@ def table(name: str, rows: int, dim: int, stddev: float, seed: int):
         v1.truncated_normal_initializer(stddev=stddev, seed=seed),
         collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES, TABLES],
         partitioner=getattr(v1.get_variable_scope().partitioner, "for_tables", None))
+
+
+def spread_multiplier(rows: int) -> int:
+    """A multiplier `a` coprime with `rows`, near rows / golden ratio (Fibonacci hashing).
+
+    `id -> (id * a) mod rows` is then a permutation of `[0, rows)` that sends
+    consecutive ids far apart (Knuth, TAOCP vol. 3, 6.4).
+    """
+    a = max(1, round(rows * (math.sqrt(5) - 1) / 2))
+    while math.gcd(a, rows) != 1:
+        a += 1
+    return a
+
+
+class FieldTable:
+    """The embedding tables of several categorical fields, as one partitioned table.
+
+    Args:
+      name: the variable's name in the current scope.
+      sizes: rows of each field (ids of field k are in `[0, sizes[k])`).
+      dim: floats per row.
+      stddev, seed: the truncated-normal initialiser's.
+
+    Attributes:
+      params: the `[sum(sizes), dim]` float32 table (`table`), rows permuted.
+      offsets: int64 `[K]`, the first row of each field before the permutation.
+    """
+
+    def __init__(self, name: str, sizes, dim: int, stddev: float, seed: int):
+        self.sizes = tuple(int(n) for n in sizes)
+        self.rows = sum(self.sizes)
+        self.dim = dim
+        self.offsets = np.cumsum([0, *self.sizes[:-1]]).astype(np.int64)
+        self.multiplier = spread_multiplier(self.rows)
+        self.params = table(name, self.rows, dim, stddev, seed)
+
+    def row_of(self, ids):
+        """The table row of each id: int64 `[B, K]` (column k: field k's ids) -> `[B, K]`."""
+        logical = ids + tf.constant(self.offsets)
+        return tf.math.floormod(logical * self.multiplier, self.rows)
+
+    def lookup(self, ids):
+        """Rows for int64 `ids` `[B, K]` (column k: field k's ids) -> float32 `[B, K, dim]`.
+
+        Every distinct row of the batch, over all K fields, is gathered once (`lookup`).
+        """
+        rows = lookup(self.params, tf.reshape(self.row_of(ids), [-1]))
+        return tf.reshape(rows, [-1, len(self.sizes), self.dim])
 
 
 def shards(params) -> list:

@@ -33,6 +33,10 @@ v1 = tf.compat.v1
 PS_CPU = "/job:ps/device:CPU:0"
 SHARDS_PER_PS = 8  # shards of a ps's fair share: max/mean <= 1.075 on the models here
 MIN_SHARD_BYTES = 64 << 10  # no point in splitting smaller than this
+# An embedding table is split into a multiple of num_ps shards of at most this: one
+# shard per ps for the tables here (few shards: each is one gather and one sparse
+# update per step), more only where one would be unwieldy to save and restore.
+TABLE_SHARD_BYTES = 1 << 30
 
 
 def op_bytes(op) -> int:
@@ -64,13 +68,15 @@ def partitioner(num_ps: int, total_bytes: int, table_bytes: int = 0):
     Shards of at most max(total_bytes / (SHARDS_PER_PS * num_ps),
     MIN_SHARD_BYTES) bytes, split along axis 0; None with one ps.
 
-    With embedding tables (`table_bytes` of the total), a table above that
-    size is split into a multiple of `num_ps` such shards (`.for_tables` of
-    the result, which `embeddings.table` uses), and the other variables get
-    an `EvenShards` partitioner of their own bytes: they
-    are read and updated whole every step while a table moves only the rows a
-    batch touches, so per-step traffic is balanced only if the dense part is
-    spread evenly too.
+    With embedding tables (`table_bytes` of the total), every table is split
+    by rows into a multiple of `num_ps` equal shards of at most
+    `TABLE_SHARD_BYTES` (`.for_tables` of the result, which `embeddings.table`
+    uses): each ps holds the same share of every table, and a batch's rows,
+    spread over a table by `embeddings.FieldTable`, cost each ps the same.
+    The other variables get an `EvenShards` partitioner of their own bytes:
+    they are read and updated whole every step while a table moves only the
+    rows a batch touches, so per-step traffic is balanced only if the dense
+    part is spread evenly too.
     """
     if num_ps <= 1:
         return None
@@ -79,7 +85,7 @@ def partitioner(num_ps: int, total_bytes: int, table_bytes: int = 0):
         return v1.variable_axis_size_partitioner(max_shard_bytes=max_shard)
     dense = EvenShards(num_ps, max(MIN_SHARD_BYTES, (total_bytes - table_bytes) //
                                    (SHARDS_PER_PS * num_ps)), split_above=None)
-    dense.for_tables = EvenShards(num_ps, max_shard, split_above=max_shard)
+    dense.for_tables = EvenShards(num_ps, TABLE_SHARD_BYTES, split_above=0)
     return dense
 
 

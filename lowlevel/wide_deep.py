@@ -5,14 +5,16 @@ For features as `lowlevel.ctr_data` gives them (`dense` float32 `[B, D]`,
 `categorical` int64 `[B, F]`, `crosses` int64 `[B, C]`):
 
 - wide: a linear model over the categorical ids and the hashed crosses (a
-  `[rows, 1]` weight table per field and per cross) and the dense features;
-- deep: one `[rows, embedding_dim]` table per categorical field, the rows of
-  the example's ids concatenated with the dense features, then ReLU layers of
-  `hidden_units` and a linear unit;
+  weight per id of each field and each cross: one `[rows, 1]` table) and the
+  dense features;
+- deep: an `[rows, embedding_dim]` embedding per id of each categorical field
+  (one table), the rows of the example's ids concatenated field by field with
+  the dense features, then ReLU layers of `hidden_units` and a linear unit;
 - one logit, their sum; the loss is sigmoid cross-entropy.
 
-Tables are `lowlevel.embeddings` tables: partitioned by rows over the ps tasks,
-looked up with deduplicated ids, trained with sparse gradients.
+Tables are `lowlevel.embeddings.FieldTable`s: the fields share one table per part,
+partitioned by rows over the ps tasks, looked up with deduplicated ids, trained with
+sparse gradients.
 """
 
 from __future__ import annotations
@@ -64,20 +66,19 @@ def logits(features: dict, spec: Spec, hidden_units, seed: int, dense_layer):
     """float32 `[B]` logits. `dense_layer(x, units, name, seed, activation)` as `models.dense`."""
     dense = features["dense"]
     categorical, crosses = features["categorical"], features["crosses"]
-    wide_terms, deep_inputs = [], [dense]
+    num_fields, num_wide = len(spec.field_sizes), len(spec.field_sizes) + spec.num_crosses
     with v1.variable_scope("wide"):
-        for f, rows in enumerate(spec.field_sizes):
-            w = embeddings.table(f"field{f}", rows, 1, 1e-3, seed + f)
-            wide_terms.append(embeddings.lookup(w, categorical[:, f]))
-        for c in range(spec.num_crosses):
-            w = embeddings.table(f"cross{c}", spec.hash_buckets, 1, 1e-3, seed + 100 + c)
-            wide_terms.append(embeddings.lookup(w, crosses[:, c]))
-        wide = tf.add_n(wide_terms) + dense_layer(dense, 1, "dense", seed)
+        weights = embeddings.FieldTable(
+            "weights", [*spec.field_sizes, *[spec.hash_buckets] * spec.num_crosses], 1, 1e-3,
+            seed)
+        terms = weights.lookup(tf.concat([categorical, crosses], axis=1))  # [B, F + C, 1]
+        wide = (tf.reduce_sum(tf.reshape(terms, [-1, num_wide]), axis=1, keepdims=True)
+                + dense_layer(dense, 1, "dense", seed))
     with v1.variable_scope("deep"):
-        for f, rows in enumerate(spec.field_sizes):
-            t = embeddings.table(f"embedding{f}", rows, spec.embedding_dim,
-                                 1.0 / math.sqrt(spec.embedding_dim), seed + 200 + f)
-            deep_inputs.append(_l2_rows(embeddings.lookup(t, categorical[:, f]), spec.l2))
+        table = embeddings.FieldTable("embeddings", spec.field_sizes, spec.embedding_dim,
+                                      1.0 / math.sqrt(spec.embedding_dim), seed + 200)
+        rows = tf.reshape(table.lookup(categorical), [-1, num_fields * spec.embedding_dim])
+        deep_inputs = [dense, _l2_rows(rows, spec.l2)]  # field by field, as a concat would
         x = tf.concat(deep_inputs, axis=1)
         for i, units in enumerate(hidden_units):
             x = dense_layer(x, units, f"hidden{i}", seed + 300 + i, tf.nn.relu)

@@ -54,24 +54,10 @@ def test_missing_movielens_names_the_script(tmp_path):
     assert "scripts/get_movielens" in done.stderr
 
 
-# The graph tests run on the first 9 of synthetic_ctr's 26 fields: C1 to C9 hold the
-# largest field (C3, "embedding2/") and every field the crosses read (C1xC2, C3xC4, C6xC9).
-# Each field goes through the same per-field code (lowlevel/wide_deep.py); all 26 would
-# double each graph's build time and test nothing more.
-GRAPH_FIELDS = 9
-
-
 @pytest.fixture(scope="module")
 def ctr():
-    """synthetic_ctr over 1 M rows, cut to its first GRAPH_FIELDS categorical fields."""
-    full = ctr_data.synthetic_ctr(1_000_000, 1000, num_train=512, num_test=128)
-
-    def cut(split):
-        return dataclasses.replace(split, categorical=split.categorical[:, :GRAPH_FIELDS])
-
-    return dataclasses.replace(full, train=cut(full.train), test=cut(full.test),
-                               field_names=full.field_names[:GRAPH_FIELDS],
-                               field_sizes=full.field_sizes[:GRAPH_FIELDS])
+    """synthetic_ctr over 1 M rows: 26 fields (one table per part, whatever their number)."""
+    return ctr_data.synthetic_ctr(1_000_000, 1000, num_train=512, num_test=128)
 
 
 def _graph(data, num_ps, sync=False, period=1, hidden_units=(32,)):
@@ -103,19 +89,26 @@ def test_tables_are_split_by_rows_and_every_ps_holds_the_same_bytes(exact_graph)
         k = int(v.device.split("/task:")[1].split("/")[0])
         loads[k] += placement.op_bytes(v.op)
     assert max(loads) / (sum(loads) / 2) < 1.1, loads
-    big = [t for t in _tables(g) if "embedding2/" in t.op.name]  # the largest field
-    assert len(big) > 2 and {t.device for t in big} == {f"/job:ps/task:{i}/device:CPU:0"
+    for name in ("wide/weights/", "deep/embeddings/"):  # each table: one shard per ps
+        shards = [t for t in _tables(g) if name in t.op.name]
+        assert len({t.shape[0] for t in shards}) == 1, [t.shape for t in shards]  # equal
+        assert sorted(t.device for t in shards) == [f"/job:ps/task:{i}/device:CPU:0"
+                                                    for i in (0, 1)]
+    big = [t for t in _tables(g) if "deep/embeddings/" in t.op.name]
+    assert len(big) >= 2 and {t.device for t in big} == {f"/job:ps/task:{i}/device:CPU:0"
                                                        for i in (0, 1)}
 
 
 def test_lookups_gather_on_the_ps_deduplicate_and_apply_sparse_adagrad(ctr, exact_graph):
     g = exact_graph
     ops = g.graph.get_operations()
-    gathers = [op for op in ops if op.type == "ResourceGather" and "/eval/" not in op.name]
+    gathers = [op for op in ops if op.type == "ResourceGather" and op.name.startswith("model/")]
     assert gathers and all(op.device.startswith("/job:ps/") for op in gathers)
     uniques = [op for op in ops if op.type == "Unique" and op.name.startswith("model/")]
-    assert len(uniques) >= 2 * len(ctr.field_sizes)  # wide and deep, every field
+    assert len(uniques) == 2  # one per table (wide, deep), over all 26 fields at once
     assert all(op.device.startswith("/job:worker/task:1") for op in uniques)  # ids deduplicated
+    shards = [t for t in _tables(g)]
+    assert len(gathers) == len(shards)  # one gather per shard and step, not per field
     # before they travel (the ps-side Unique ops are Adagrad's, summing duplicate rows)
     applied = {op.inputs[0].op.name for op in ops if op.type == "ResourceSparseApplyAdagrad"}
     table_names = {t.op.name for t in _tables(g)}
@@ -138,8 +131,7 @@ def test_communication_reduced_mode_never_copies_a_table_to_the_worker(ctr):
     with g.graph.as_default():
         local = v1.local_variables()
     rows = {t.shape[0] for t in _tables(g)}
-    biggest = max(sum(t.shape[0] for t in _tables(g) if n in t.op.name)
-                  for n in ("embedding2/",))
+    biggest = sum(t.shape[0] for t in _tables(g) if "deep/embeddings/" in t.op.name)
     assert local  # the dense part's copies
     assert all(v.shape.rank == 0 or v.shape[0] < biggest for v in local)
     assert not any(v.shape.rank == 2 and v.shape[0] in rows and v.shape[1] == 16
@@ -253,6 +245,31 @@ def test_lookup_sends_one_gradient_row_per_distinct_id():
     by_id = {int(i): v for i, v in zip(indices, values)}
     assert np.allclose(by_id[4], 1 + 3 + 4) and np.allclose(by_id[1], 2 + 6)
     assert np.allclose(by_id[7], 5)
+
+
+def test_field_table_rows_are_distinct_and_every_field_is_spread_over_every_shard():
+    """Field k's id i has a row of its own; each field's (hot) low ids fall on every shard
+    of a "div" split, whatever the number of shards."""
+    sizes = [7, 1000, 40, 100_000, 3]
+    with tf.Graph().as_default():
+        table = embeddings.FieldTable("t", sizes, 2, 0.1, 0)
+        ids = np.zeros((max(sizes), len(sizes)), np.int64)
+        for k, n in enumerate(sizes):
+            ids[:, k] = np.arange(max(sizes)) % n
+        with v1.Session() as sess:
+            rows = sess.run(table.row_of(tf.constant(ids)))
+    every = {(int(r)) for k, n in enumerate(sizes) for r in rows[:n, k]}
+    assert len(every) == sum(sizes) == table.rows  # a permutation of the table's rows
+    assert ((rows >= 0) & (rows < table.rows)).all()
+    for shards in (2, 3, 4):
+        bounds = np.linspace(0, table.rows, shards + 1)
+        for k, n in enumerate(sizes):
+            hot = rows[:n // 10, k]  # the field's first tenth (a Zipf's hot ids)
+            if len(hot) < 50 * shards:
+                continue
+            per_shard = np.bincount(np.searchsorted(bounds, hot, side="right") - 1,
+                                    minlength=shards)
+            assert per_shard.max() / per_shard.mean() < 1.2, (shards, k, per_shard)
 
 
 def test_the_dense_part_and_every_split_table_are_spread_evenly_over_the_ps(exact_graph):
