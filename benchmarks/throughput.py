@@ -70,12 +70,15 @@ from benchmarks import _configs, _linkbench, _report, _runners, sparse
 from lowlevel import files as lowlevel_files
 
 FLAGS = flags.FLAGS
-flags.DEFINE_boolean("quick", False, "Short runs, 1 round (3 of the narrowest targets' pairs), "
-                     "a 2-point sweep, 2 accuracy seeds (< 5 min on 2 cores). Explicitly given flags still win.")
+flags.DEFINE_boolean("quick", False, "Short runs of the configurations the targets need, 1 "
+                     "round (3 of the narrowest targets' pairs), no sweep, 2 accuracy seeds, the "
+                     "sparse suite on 1 M rows (QUICK_MINUTES on 2 loaded cores). Explicitly "
+                     "given flags still win.")
 flags.DEFINE_string("out", os.path.join("benchmarks", "results", "latest"),
                     "Output directory (results.json, results.md, throughput.png, runs/).")
-flags.DEFINE_list("configs", None, "Configurations to run (default: all; quick: all but "
-                  "classic_1ps2w and tf2_pss_1ps1w; see the module doc). A name may end in "
+flags.DEFINE_list("configs", None, "Configurations to run (default: all; quick: local, "
+                  "lowlevel_1ps1w, lowlevel_1ps2w, lowlevel_1ps2w_sync, tf2_pss_1ps2w; see the "
+                  "module doc). A name may end in "
                   ":exact or :comm_reduced.")
 flags.DEFINE_list("modes", ["exact", "comm_reduced"], "Modes of the lowlevel configurations.")
 flags.DEFINE_integer("communication_period", 16, "comm_reduced mode: local steps between "
@@ -130,15 +133,19 @@ flags.DEFINE_list("suite", ["dense", "sparse"], "What to run: dense (the MLP con
                   "when --configs is given (a subset of the dense configurations).")
 sparse.define_flags(flags)
 
-# Quick: one round of every configuration the targets need (not classic_1ps2w,
-# tf2_pss_1ps1w), 2.5 s measured per run (1.5 s left run-to-run noise of +-10-15 %
-# here), three rounds of the pairs behind the narrowest targets (lowlevel_1ps1w
-# comm_reduced over local: 0.77-0.86 in single rounds; sync over async, exact:
-# 0.71-0.91), the accuracy check at the trainer's default length with two seeds
-# (one seed moved the comm_reduced drop between 0.1 and 0.8 points).
+# Quick: one round of each configuration a target needs (local, lowlevel_1ps1w,
+# lowlevel_1ps2w, lowlevel_1ps2w_sync, tf2_pss_1ps2w; not the classic ones, lowlevel_2ps2w
+# or the model-size sweep, which feed no target), 2.5 s measured per run (1.5 s left
+# run-to-run noise of +-10-15 % here), three rounds of the pairs behind the narrowest
+# targets (lowlevel_1ps1w comm_reduced over local: 0.61-0.86 in single rounds; sync over
+# async, exact: 0.66-0.97), the accuracy check at the trainer's default length with two
+# seeds (one seed moved the comm_reduced drop between 0.1 and 0.8 points). Every run
+# starts its processes afresh, and TensorFlow's import (Keras and scikit-learn with it)
+# costs each ~7 s of CPU here: ~40 processes are about half of the quick run.
 QUICK = {"repeats": 1, "headline_repeats": 3, "measure_secs": 2.5, "min_steps": 50,
-         "sweep_widths": ["2048"], "accuracy_steps": 2000, "accuracy_seeds": ["0", "1"],
-         "configs": [c for c in _configs.MAIN if c not in ("classic_1ps2w", "tf2_pss_1ps1w")],
+         "sweep_widths": [], "accuracy_steps": 2000, "accuracy_seeds": ["0", "1"],
+         "configs": ["local", "lowlevel_1ps1w", "lowlevel_1ps2w", "lowlevel_1ps2w_sync",
+                     "tf2_pss_1ps2w"],
          "headline": ["local:n/a", "lowlevel_1ps1w:comm_reduced", "lowlevel_1ps2w:exact",
                       "lowlevel_1ps2w_sync:exact"]}
 
