@@ -1,12 +1,13 @@
 """The sparse suite of `benchmarks.throughput` (`--suite=sparse`; short in `--quick`).
 
 The wide & deep click-through model (`lowlevel/wide_deep.py`) on Criteo-shaped synthetic
-clicks (`lowlevel.ctr_data.synthetic_ctr`), `--sparse_vocab_size` rows over the 26 field
-tables (10 M x 16 floats: 640 MB of deep tables, 40 MB of wide ones, and as much again
+clicks (`lowlevel.ctr_data.synthetic_ctr`), `--sparse_vocab_size` rows over the 26 fields
+(10 M x 16 floats: 640 MB of deep tables, 40 MB of wide ones, and as much again
 of Adagrad accumulators), 2 ps + 2 workers, async Adagrad 0.1, batch 256, side by side:
 
   lowlevel   `python -m lowlevel.launch --model=wide_deep --dataset=synthetic_ctr ...`
-             (tables split by rows over the ps by bytes, ids deduplicated on the worker)
+             (the fields share one table per part, split by rows into one shard per ps;
+             ids deduplicated on the worker)
   classic    `benchmarks/classic_sparse.py`: the textbook TF1 trainer, `embedding_lookup`
              on `fixed_size_partitioner(2)` tables, round-robin placement, no deduplication
   tf2_pss    `benchmarks/tf2_pss_sparse.py`: TF2 ParameterServerStrategy with
@@ -206,7 +207,7 @@ def run_suite(s: Settings, out: str, seed: int = 0, log=print) -> dict:
 def define_flags(flags) -> None:
     """The suite's flags of `benchmarks.throughput` (`sparse_*`)."""
     d = Settings()
-    flags.DEFINE_integer("sparse_vocab_size", None, f"Rows of the 26 field tables in all "
+    flags.DEFINE_integer("sparse_vocab_size", None, f"Rows of the 26 fields' tables in all "
                          f"(default {d.vocab_size:,}; quick: {QUICK['vocab_size']:,}).")
     flags.DEFINE_integer("sparse_embedding_dim", d.embedding_dim, "Embedding width.")
     flags.DEFINE_integer("sparse_steps", None, f"Measured local steps per worker (default "

@@ -3,8 +3,8 @@
 Every example has three parts, all arrays the same in every task of a cluster:
 
 - `dense`: float32 `[N, D]` numeric features, scaled to about [0, 1];
-- `categorical`: int64 `[N, F]`, field f's id in `[0, field_sizes[f])` (one
-  embedding table per field in the deep part, one weight per id in the wide);
+- `categorical`: int64 `[N, F]`, field f's id in `[0, field_sizes[f])` (an
+  embedding row per id in the deep part, one weight per id in the wide);
 - `crosses`: int64 `[N, C]`, hashed pairs of fields in `[0, hash_buckets)`
   (the wide part only);
 

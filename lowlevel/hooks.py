@@ -226,6 +226,8 @@ class SyncReplicasHook(v1.train.SessionRunHook):
             return
         session.run(self._init_tokens_op)
         ended = threading.Event()  # one per session: a recovered session starts anew
+        with self._lock:  # the watcher's clock starts now, not at the first sync step
+            self._since, self._reported = time.monotonic(), 0.0
         thread = threading.Thread(target=self._sync_loop, args=(session, coord, ended),
                                   name="sync_replicas_chief", daemon=True)
         coord.register_thread(thread)
