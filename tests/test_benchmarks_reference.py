@@ -17,6 +17,8 @@ import portpicker
 import psutil
 import pytest
 
+import clusters
+
 pytestmark = pytest.mark.cluster  # every test here starts trainer processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,14 +65,7 @@ class Procs:
         psutil.wait_procs(self.handles, timeout=10)
 
     def left_running(self):
-        left = []
-        for h in self.handles:
-            try:
-                if h.is_running() and h.status() != psutil.STATUS_ZOMBIE:
-                    left.append(h.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return left
+        return clusters.alive(self.handles)
 
 
 @pytest.fixture
