@@ -177,7 +177,7 @@ class OnHosts:
 
     def run_classic(self, num_ps: int, num_workers: int, flags: list, workdir: str,
                     timeout_secs: float, batch_size: int, interval: float = 0.1) -> dict:
-        """The textbook trainer: ps, the chief, the other workers once it has its session."""
+        """The textbook trainer, every task at once (the others wait for the chief's session)."""
         names = [f"ps{k}" for k in range(num_ps)] + [f"worker{i}" for i in range(num_workers)]
         go = os.path.join(workdir, "go")
         outs = [os.path.join(workdir, f"worker{i}.json") for i in range(num_workers)]
@@ -189,11 +189,11 @@ class OnHosts:
                 procs.start(f"ps{k}", [*_runners._py("benchmarks.classic"), *cluster, *flags,
                                        "--job_name=ps", f"--task_index={k}",
                                        *threads(num_workers, "ps")], "ps", [PORT])
-            for i in range(num_workers):
-                w = procs.start(f"worker{i}", [
-                    *_runners._py("benchmarks.classic"), *cluster, *flags, "--job_name=worker",
-                    f"--task_index={i}", f"--out_json={outs[i]}", f"--start_file={go}",
-                    *threads(num_workers, "worker")], "worker", [PORT])
+            workers = [procs.start(f"worker{i}", [
+                *_runners._py("benchmarks.classic"), *cluster, *flags, "--job_name=worker",
+                f"--task_index={i}", f"--out_json={outs[i]}", f"--start_file={go}",
+                *threads(num_workers, "worker")], "worker", [PORT]) for i in range(num_workers)]
+            for i, w in enumerate(workers):  # the others wait for the chief's session
                 ready = wait_until(lambda: os.path.exists(_reference.ready_file(
                     go, f"worker{i}")) or w.poll() is not None, deadline)
                 if not ready or w.poll() is not None:

@@ -131,6 +131,21 @@ def ready_file(start_file: str, task: str) -> str:
     return f"{start_file}.{task}.ready"
 
 
+def wait_for_chief(start_file: Optional[str], is_chief: bool, poll_secs: float = 0.05) -> None:
+    """With `--start_file`, a non-chief worker waits for the chief's session before its own.
+
+    Once the chief's ready file exists the variables are initialised, so the
+    worker's `MonitoredTrainingSession` is ready at once instead of after
+    `SessionManager`'s 30 s recovery wait (tensorflow/tensorflow#10679); a driver
+    can start every worker together and their TensorFlow imports overlap. The
+    chief (worker 0) and runs without `--start_file` do not wait.
+    """
+    if not start_file or is_chief:
+        return
+    while not os.path.exists(ready_file(start_file, "worker0")):
+        time.sleep(poll_secs)
+
+
 def drive_coordinator(coordinator, train_step, iterator, train_steps: int, warmup: int,
                       join_every: int, num_workers: int, batch_size: int) -> dict:
     """TF2 PSS: schedules `train_steps` steps, the first `warmup` unmeasured; joins every

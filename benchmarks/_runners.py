@@ -40,6 +40,7 @@ import psutil
 from benchmarks import _reference
 from benchmarks._measure import Watcher, kill_tree
 from lowlevel import events, lifetime
+from lowlevel._tf import skip_keras
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECS = 5.0
@@ -58,6 +59,9 @@ class Procs:
             os.environ, PYTHONUNBUFFERED="1",
             PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
         self.env.pop("TF_CONFIG", None)
+        # Every trainer here, lowlevel's and the references, imports TensorFlow without
+        # Keras, which none of them uses (lowlevel/_tf.py: ~3 s of CPU per process).
+        skip_keras(self.env)
         self.launched = time.time()
 
     @classmethod
@@ -297,7 +301,8 @@ def _discover(launcher_pid: int, watcher: Watcher, found: set) -> None:
 
 def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeout_secs: float,
                 batch_size: int, interval: float = 0.1, module: str = "benchmarks.classic") -> dict:
-    """The textbook trainer: ps first, the chief, the other workers once it has its session.
+    """The textbook trainer, every task at once; the non-chief workers wait for the chief's
+    session (`--start_file`), then all train together.
 
     `module`: benchmarks.classic (the MLP) or benchmarks.classic_sparse (wide & deep).
     """
@@ -315,10 +320,11 @@ def run_classic(num_ps: int, num_workers: int, flags: list, workdir: str, timeou
         for k in range(num_ps):
             procs.start(f"ps{k}", _py(module) + cluster + flags +
                         ["--job_name=ps", f"--task_index={k}"], "ps", [ps[k]])
-        for i in range(num_workers):
+        for i in range(num_workers):  # the others wait for the chief's session
             procs.start(f"worker{i}", _py(module) + cluster + flags + [
                 "--job_name=worker", f"--task_index={i}", f"--out_json={outs[i]}",
                 f"--start_file={go}"], "worker", [wk[i]])
+        for i in range(num_workers):
             ready = _wait(lambda: os.path.exists(_reference.ready_file(go, f"worker{i}"))
                           or procs.popen[f"worker{i}"].poll() is not None, deadline)
             if not ready or procs.popen[f"worker{i}"].poll() is not None:
@@ -417,10 +423,11 @@ def probe_comm_reduced(period: int) -> Optional[str]:
 
 
 def placement_balance(hidden: tuple) -> Optional[dict]:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    skip_keras(env)
     proc = subprocess.run([sys.executable, "-m", "benchmarks._placement",
                            f"--hidden_units={','.join(map(str, hidden))}", "--num_ps=2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

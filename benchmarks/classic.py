@@ -30,16 +30,19 @@ included), "step_ms_p50", "step_ms_p90" (of the `session.run` wall times),
 `MonitoredTrainingSession` closes, so a close that hangs (sync mode,
 tensorflow/tensorflow#2386) does not lose it.
 
-`--start_file` (not textbook; off by default): each worker, once its session is ready,
-creates `<start_file>.<task>.ready` (`_reference.ready_file`) and waits until the start
-file exists, so a driver that starts the chief first (below) can still have all workers
-train side by side (`benchmarks.throughput` does), without reading their logs.
+`--start_file` (not textbook; off by default): a non-chief worker waits for the chief's
+session before creating its own (`_reference.wait_for_chief`: no 30 s recovery wait, see
+below), and each worker, once its session is ready, creates `<start_file>.<task>.ready`
+(`_reference.ready_file`) and waits until the start file exists; so a driver can start
+every task at once and still have all workers train side by side (`benchmarks.throughput`
+does), without reading their logs.
 
 Stock behaviour the driver must allow for (not fixed here on purpose):
 - A non-chief worker that starts before the chief has initialised the variables sleeps
   30 s (`SessionManager`'s `recovery_wait_secs`, tensorflow/tensorflow#10679). Start the
   chief first and the other workers once it has logged "worker0: session ready" (the
-  variables are initialised by then), and measure only after warm-up. Otherwise the
+  variables are initialised by then), or use `--start_file`, and measure only after
+  warm-up. Otherwise the
   chief may run many global steps alone meanwhile (`--train_steps` is the global step to
   stop at): seen with 2 workers and 600 steps, worker 1 ran 1 step.
 - In sync mode the chief may not exit after its last step (its `stop_grace_period_secs`
@@ -88,8 +91,9 @@ flags.DEFINE_string("out_json", None, "Where a worker writes its throughput reco
 flags.DEFINE_integer("intra_op_threads", 0, "Intra-op threads of this task (0: as lowlevel "
                      "would choose them from the hosts, `_reference.thread_counts`).")
 flags.DEFINE_integer("inter_op_threads", 0, "Inter-op threads of this task (0: choose).")
-flags.DEFINE_string("start_file", None, "If set, a worker whose session is ready waits until "
-                    "this file exists before its first step (a driver creates it once every "
+flags.DEFINE_string("start_file", None, "If set, a non-chief worker waits for the chief's "
+                    "session before creating its own, and a worker whose session is ready "
+                    "waits until this file exists before its first step (a driver creates it once every "
                     "worker's session is ready, so that the workers train side by side and "
                     "the chief does not run the first global steps alone).")
 
@@ -179,6 +183,7 @@ def main(_):
 
     step_secs, local = [], 0
     first_step_unix = last_step_unix = window_start = None
+    ref.wait_for_chief(FLAGS.start_file, is_chief)
     logging.info("%s: creating the session (chief: %s)", task, is_chief)
     with v1.train.MonitoredTrainingSession(master=target, is_chief=is_chief,
                                            checkpoint_dir=FLAGS.checkpoint_dir,

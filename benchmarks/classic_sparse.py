@@ -66,8 +66,9 @@ flags.DEFINE_integer("train_steps", 600, "The global step to stop at.")
 flags.DEFINE_integer("warmup_steps", 20, "Each worker's own first steps, not measured.")
 flags.DEFINE_float("learning_rate", 0.1, "Adagrad learning rate.")
 flags.DEFINE_string("out_json", None, "Where a worker writes its throughput record.")
-flags.DEFINE_string("start_file", None, "If set, a worker whose session is ready waits until "
-                    "this file exists before its first step (see benchmarks/classic.py).")
+flags.DEFINE_string("start_file", None, "If set, a non-chief worker waits for the chief's "
+                    "session before creating its own, and a worker whose session is ready "
+                    "waits until this file exists before its first step (see benchmarks/classic.py).")
 
 
 def _dense(x, units, name, seed, activation=None):
@@ -157,6 +158,7 @@ def main(_):
     hooks = [v1.train.StopAtStepHook(last_step=FLAGS.train_steps)]
     step_secs, local = [], 0
     first_step_unix = last_step_unix = window_start = None
+    ref.wait_for_chief(FLAGS.start_file, is_chief)
     logging.info("%s: creating the session (chief: %s)", task, is_chief)
     with v1.train.MonitoredTrainingSession(master=server.target, is_chief=is_chief,
                                            hooks=hooks, config=config) as sess:

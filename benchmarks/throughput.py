@@ -219,6 +219,31 @@ class Bench:
         return run
 
 
+def paired_order(cfgs: list, headline: list, rng: random.Random) -> list:
+    """A round's order: shuffled, except that the two sides of each ratio between
+    `headline` configurations (`_report.RATIOS`, each configuration in one pair at most)
+    run back to back, either first.
+
+    The machine's speed drifts by 10-25 % over tens of seconds here (a 2-core VM whose
+    host is shared), and a ratio is taken within a round: a pair run seconds apart
+    sees the same machine, one run a whole round apart often does not. This changes
+    which runs are compared, not what any run measures.
+    """
+    by_key = {c.key: c for c in cfgs}
+    units, used = [], set()
+    for num, den in _report.RATIOS.values():
+        if isinstance(num[0], tuple) or isinstance(den[0], tuple):
+            continue  # a ratio with alternatives: not paired
+        pair = [f"{num[0]}:{num[1]}", f"{den[0]}:{den[1]}"]
+        if all(k in by_key and k in headline and k not in used for k in pair):
+            rng.shuffle(pair)
+            units.append([by_key[k] for k in pair])
+            used.update(pair)
+    units += [[c] for c in cfgs if c.key not in used]
+    rng.shuffle(units)
+    return [c for unit in units for c in unit]
+
+
 def _tidy(workdir: str) -> None:
     """Drops checkpoints and event files (tens of MB for the big models); keeps logs and JSON."""
     for root, _, files in os.walk(workdir):
@@ -413,7 +438,7 @@ def main(argv):
     for rnd in range(max(headline_repeats, FLAGS.sweep_repeats)):
         todo = [c for c in main_cfgs if rnd < FLAGS.repeats or
                 (rnd < headline_repeats and c.key in FLAGS.headline)]
-        rng.shuffle(todo)
+        todo = paired_order(todo, FLAGS.headline, rng)
         sweep = list(sweep_cfgs) if rnd < FLAGS.sweep_repeats else []
         rng.shuffle(sweep)
         for cfg in todo + sweep:

@@ -58,3 +58,25 @@ def test_targets_pass_fail_and_skip_at_their_bounds():
     assert out["accuracy_drop_comm_reduced"] == {"value": 0.004, "op": "<=", "bound": 0.01,
                                                  "status": "PASS"}
     assert set(out) == set(_report.TARGETS)
+
+
+def test_the_sides_of_each_headline_ratio_run_back_to_back_in_either_order():
+    import random
+
+    from benchmarks import _configs, throughput
+
+    cfgs = _configs.selected(_configs.MAIN, list(_configs.MODES), (512, 512),
+                             throughput.QUICK["configs"], "main")
+    pairs = [("lowlevel_1ps1w:comm_reduced", "local:n/a"),
+             ("lowlevel_1ps2w_sync:exact", "lowlevel_1ps2w:exact")]
+    seen_first, orders = set(), set()
+    for seed in range(30):
+        order = [c.key for c in throughput.paired_order(cfgs, throughput.QUICK["headline"],
+                                                        random.Random(seed))]
+        assert sorted(order) == sorted(c.key for c in cfgs)  # each once, none lost
+        for a, b in pairs:
+            assert abs(order.index(a) - order.index(b)) == 1, order
+            seen_first.add(a if order.index(a) < order.index(b) else b)
+        orders.add(tuple(order))
+    assert seen_first == {k for pair in pairs for k in pair}  # either side first
+    assert len(orders) > 10  # still shuffled
