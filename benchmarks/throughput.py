@@ -219,29 +219,46 @@ class Bench:
         return run
 
 
-def paired_order(cfgs: list, headline: list, rng: random.Random) -> list:
-    """A round's order: shuffled, except that the two sides of each ratio between
-    `headline` configurations (`_report.RATIOS`, each configuration in one pair at most)
-    run back to back, either first.
+def paired_order(cfgs: list, rng: random.Random) -> list:
+    """A round's order: shuffled, except that the two sides of every ratio
+    (`_report.RATIOS`; of one with alternatives, the first) run back to back where
+    the ratios allow it.
 
-    The machine's speed drifts by 10-25 % over tens of seconds here (a 2-core VM whose
-    host is shared), and a ratio is taken within a round: a pair run seconds apart
-    sees the same machine, one run a whole round apart often does not. This changes
-    which runs are compared, not what any run measures.
+    The ratios link the configurations into chains (lowlevel_1ps1w exact - local -
+    lowlevel_1ps1w comm_reduced; sync exact - 1ps2w exact - tf2_pss - 1ps2w
+    comm_reduced - sync comm_reduced); each chain runs in a row, forwards or
+    backwards, and the chains in shuffled order. The machine's speed drifts by
+    10-25 % over tens of seconds here (a 2-core VM on a shared host), and a ratio is
+    taken within a round: two runs seconds apart see the same machine, two a round
+    apart often do not. This changes which runs are compared, not what a run measures.
     """
     by_key = {c.key: c for c in cfgs}
-    units, used = [], set()
+    links: dict = {k: [] for k in by_key}
     for num, den in _report.RATIOS.values():
-        if isinstance(num[0], tuple) or isinstance(den[0], tuple):
-            continue  # a ratio with alternatives: not paired
-        pair = [f"{num[0]}:{num[1]}", f"{den[0]}:{den[1]}"]
-        if all(k in by_key and k in headline and k not in used for k in pair):
-            rng.shuffle(pair)
-            units.append([by_key[k] for k in pair])
-            used.update(pair)
-    units += [[c] for c in cfgs if c.key not in used]
-    rng.shuffle(units)
-    return [c for unit in units for c in unit]
+        a = num[0] if isinstance(num[0], tuple) else num
+        b = den[0] if isinstance(den[0], tuple) else den
+        a, b = f"{a[0]}:{a[1]}", f"{b[0]}:{b[1]}"
+        if a in by_key and b in by_key:
+            links[a].append(b)
+            links[b].append(a)
+    chains, placed = [], set()
+    # Start each chain at an end (fewest links), then walk it depth first.
+    for key in sorted(by_key, key=lambda k: (len(links[k]), rng.random())):
+        if key in placed:
+            continue
+        chain, todo = [], [key]
+        while todo:
+            k = todo.pop()
+            if k in placed:
+                continue
+            placed.add(k)
+            chain.append(by_key[k])
+            todo += [n for n in links[k] if n not in placed]
+        if rng.random() < 0.5:
+            chain.reverse()
+        chains.append(chain)
+    rng.shuffle(chains)
+    return [c for chain in chains for c in chain]
 
 
 def _tidy(workdir: str) -> None:
@@ -438,7 +455,7 @@ def main(argv):
     for rnd in range(max(headline_repeats, FLAGS.sweep_repeats)):
         todo = [c for c in main_cfgs if rnd < FLAGS.repeats or
                 (rnd < headline_repeats and c.key in FLAGS.headline)]
-        todo = paired_order(todo, FLAGS.headline, rng)
+        todo = paired_order(todo, rng)
         sweep = list(sweep_cfgs) if rnd < FLAGS.sweep_repeats else []
         rng.shuffle(sweep)
         for cfg in todo + sweep:
