@@ -9,9 +9,10 @@ configurations get `_h<width>` appended.
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Optional
 
-from benchmarks import _runners
+from benchmarks import _report, _runners
 
 MAIN = ["local", "classic_1ps1w", "classic_1ps2w", "lowlevel_1ps1w", "lowlevel_1ps2w",
         "lowlevel_2ps2w", "lowlevel_1ps2w_sync", "tf2_pss_1ps1w", "tf2_pss_1ps2w"]
@@ -121,3 +122,45 @@ def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size
     flags_ = common + [f"--train_steps={steps * cfg.num_workers}",
                        f"--warmup_steps={warmup * cfg.num_workers}"]
     return runners.run_tf2_pss(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout, batch)
+
+
+def paired_order(cfgs: list, rng: random.Random) -> list:
+    """A round's order: shuffled, except that the two sides of every ratio
+    (`_report.RATIOS`; of one with alternatives, the first) run back to back where
+    the ratios allow it.
+
+    The ratios link the configurations into chains (lowlevel_1ps1w exact - local -
+    lowlevel_1ps1w comm_reduced; sync exact - 1ps2w exact - tf2_pss - 1ps2w
+    comm_reduced - sync comm_reduced); each chain runs in a row, forwards or
+    backwards, and the chains in shuffled order. The machine's speed drifts by
+    10-25 % over tens of seconds here (a 2-core VM on a shared host), and a ratio is
+    taken within a round: two runs seconds apart see the same machine, two a round
+    apart often do not. This changes which runs are compared, not what a run measures.
+    """
+    by_key = {c.key: c for c in cfgs}
+    links: dict = {k: [] for k in by_key}
+    for num, den in _report.RATIOS.values():
+        a = num[0] if isinstance(num[0], tuple) else num
+        b = den[0] if isinstance(den[0], tuple) else den
+        a, b = f"{a[0]}:{a[1]}", f"{b[0]}:{b[1]}"
+        if a in by_key and b in by_key:
+            links[a].append(b)
+            links[b].append(a)
+    chains, placed = [], set()
+    # Start each chain at an end (fewest links), then walk it depth first.
+    for key in sorted(by_key, key=lambda k: (len(links[k]), rng.random())):
+        if key in placed:
+            continue
+        chain, todo = [], [key]
+        while todo:
+            k = todo.pop()
+            if k in placed:
+                continue
+            placed.add(k)
+            chain.append(by_key[k])
+            todo += [n for n in links[k] if n not in placed]
+        if rng.random() < 0.5:
+            chain.reverse()
+        chains.append(chain)
+    rng.shuffle(chains)
+    return [c for chain in chains for c in chain]

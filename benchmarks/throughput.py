@@ -1,6 +1,6 @@
 """Throughput benchmark: lowlevel against in-process training and the reference trainers.
 
-    python -m benchmarks.throughput --quick --out /tmp/bench-quick    # ~7 min on 2 cores
+    python -m benchmarks.throughput --quick --out /tmp/bench-quick    # 5-5.5 min on 2 loaded cores
     python -m benchmarks.throughput                                    # the full run, < 30 min
     python -m benchmarks.throughput --configs=local,lowlevel_1ps1w --sweep_widths= \\
         --noaccuracy --repeats=1                                       # a subset
@@ -72,7 +72,7 @@ from lowlevel import files as lowlevel_files
 FLAGS = flags.FLAGS
 flags.DEFINE_boolean("quick", False, "Short runs of the configurations the targets need, 1 "
                      "round (3 of the narrowest targets' pairs), no sweep, 2 accuracy seeds, the "
-                     "sparse suite on 1 M rows (about 7 min on 2 loaded cores; the aim is < 5). Explicitly "
+                     "sparse suite on 1 M rows (5-5.5 min on 2 loaded cores; the aim is < 5). Explicitly "
                      "given flags still win.")
 flags.DEFINE_string("out", os.path.join("benchmarks", "results", "latest"),
                     "Output directory (results.json, results.md, throughput.png, runs/).")
@@ -140,8 +140,8 @@ sparse.define_flags(flags)
 # targets (lowlevel_1ps1w comm_reduced over local: 0.61-0.86 in single rounds; sync over
 # async, exact: 0.66-0.97), the accuracy check at the trainer's default length with two
 # seeds (one seed moved the comm_reduced drop between 0.1 and 0.8 points). Every run
-# starts its processes afresh, and TensorFlow's import (Keras and scikit-learn with it)
-# costs each ~7 s of CPU here: ~40 processes are about half of the quick run.
+# starts its processes afresh, and TensorFlow's import costs each ~3.5 s of CPU here
+# (without Keras, lowlevel/_tf.py; ~7 s with it): ~60 process starts are most of the run.
 QUICK = {"repeats": 1, "headline_repeats": 3, "measure_secs": 2.5, "min_steps": 50,
          "sweep_widths": [], "accuracy_steps": 2000, "accuracy_seeds": ["0", "1"],
          "configs": ["local", "lowlevel_1ps1w", "lowlevel_1ps2w", "lowlevel_1ps2w_sync",
@@ -217,48 +217,6 @@ class Bench:
         self.runs.append(run)
         print(describe(run, self.count, total, time.monotonic() - started), flush=True)
         return run
-
-
-def paired_order(cfgs: list, rng: random.Random) -> list:
-    """A round's order: shuffled, except that the two sides of every ratio
-    (`_report.RATIOS`; of one with alternatives, the first) run back to back where
-    the ratios allow it.
-
-    The ratios link the configurations into chains (lowlevel_1ps1w exact - local -
-    lowlevel_1ps1w comm_reduced; sync exact - 1ps2w exact - tf2_pss - 1ps2w
-    comm_reduced - sync comm_reduced); each chain runs in a row, forwards or
-    backwards, and the chains in shuffled order. The machine's speed drifts by
-    10-25 % over tens of seconds here (a 2-core VM on a shared host), and a ratio is
-    taken within a round: two runs seconds apart see the same machine, two a round
-    apart often do not. This changes which runs are compared, not what a run measures.
-    """
-    by_key = {c.key: c for c in cfgs}
-    links: dict = {k: [] for k in by_key}
-    for num, den in _report.RATIOS.values():
-        a = num[0] if isinstance(num[0], tuple) else num
-        b = den[0] if isinstance(den[0], tuple) else den
-        a, b = f"{a[0]}:{a[1]}", f"{b[0]}:{b[1]}"
-        if a in by_key and b in by_key:
-            links[a].append(b)
-            links[b].append(a)
-    chains, placed = [], set()
-    # Start each chain at an end (fewest links), then walk it depth first.
-    for key in sorted(by_key, key=lambda k: (len(links[k]), rng.random())):
-        if key in placed:
-            continue
-        chain, todo = [], [key]
-        while todo:
-            k = todo.pop()
-            if k in placed:
-                continue
-            placed.add(k)
-            chain.append(by_key[k])
-            todo += [n for n in links[k] if n not in placed]
-        if rng.random() < 0.5:
-            chain.reverse()
-        chains.append(chain)
-    rng.shuffle(chains)
-    return [c for chain in chains for c in chain]
 
 
 def _tidy(workdir: str) -> None:
@@ -455,7 +413,7 @@ def main(argv):
     for rnd in range(max(headline_repeats, FLAGS.sweep_repeats)):
         todo = [c for c in main_cfgs if rnd < FLAGS.repeats or
                 (rnd < headline_repeats and c.key in FLAGS.headline)]
-        todo = paired_order(todo, rng)
+        todo = _configs.paired_order(todo, rng)
         sweep = list(sweep_cfgs) if rnd < FLAGS.sweep_repeats else []
         rng.shuffle(sweep)
         for cfg in todo + sweep:

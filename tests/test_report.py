@@ -76,7 +76,7 @@ def test_the_sides_of_each_ratio_run_back_to_back_in_either_order():
     seen_first, orders = set(), set()
     for seed in range(40):
         for round_cfgs in (cfgs, headline):  # round 0, and a headline round
-            order = [c.key for c in throughput.paired_order(round_cfgs, random.Random(seed))]
+            order = [c.key for c in _configs.paired_order(round_cfgs, random.Random(seed))]
             assert sorted(order) == sorted(c.key for c in round_cfgs)  # each once, none lost
             for a, b in pairs:
                 if a in order and b in order:
