@@ -42,9 +42,9 @@ Stock behaviour the driver must allow for (not fixed here on purpose):
   30 s (`SessionManager`'s `recovery_wait_secs`, tensorflow/tensorflow#10679). Start the
   chief first and the other workers once it has logged "worker0: session ready" (the
   variables are initialised by then), or use `--start_file`, and measure only after
-  warm-up. Otherwise the
-  chief may run many global steps alone meanwhile (`--train_steps` is the global step to
-  stop at): seen with 2 workers and 600 steps, worker 1 ran 1 step.
+  warm-up. Otherwise the chief may run many global steps alone meanwhile
+  (`--train_steps` is the global step to stop at): seen with 2 workers and 600 steps,
+  worker 1 ran 1 step.
 - In sync mode the chief may not exit after its last step (its `stop_grace_period_secs`
   is 120 s): read the record, then kill the process by PID.
 
@@ -93,9 +93,9 @@ flags.DEFINE_integer("intra_op_threads", 0, "Intra-op threads of this task (0: a
 flags.DEFINE_integer("inter_op_threads", 0, "Inter-op threads of this task (0: choose).")
 flags.DEFINE_string("start_file", None, "If set, a non-chief worker waits for the chief's "
                     "session before creating its own, and a worker whose session is ready "
-                    "waits until this file exists before its first step (a driver creates it once every "
-                    "worker's session is ready, so that the workers train side by side and "
-                    "the chief does not run the first global steps alone).")
+                    "waits until this file exists before its first step (a driver creates "
+                    "it once every worker's session is ready, so that the workers train side "
+                    "by side and the chief does not run the first global steps alone).")
 
 
 def mlp(images, hidden_units):

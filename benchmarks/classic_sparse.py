@@ -68,7 +68,8 @@ flags.DEFINE_float("learning_rate", 0.1, "Adagrad learning rate.")
 flags.DEFINE_string("out_json", None, "Where a worker writes its throughput record.")
 flags.DEFINE_string("start_file", None, "If set, a non-chief worker waits for the chief's "
                     "session before creating its own, and a worker whose session is ready "
-                    "waits until this file exists before its first step (see benchmarks/classic.py).")
+                    "waits until this file exists before its first step (see "
+                    "benchmarks/classic.py).")
 
 
 def _dense(x, units, name, seed, activation=None):

@@ -1,6 +1,6 @@
 """Throughput benchmark: lowlevel against in-process training and the reference trainers.
 
-    python -m benchmarks.throughput --quick --out /tmp/bench-quick    # 5-5.5 min on 2 loaded cores
+    python -m benchmarks.throughput --quick --out /tmp/bench-quick    # 5-5.5 min, 2 loaded cores
     python -m benchmarks.throughput                                    # the full run, < 30 min
     python -m benchmarks.throughput --configs=local,lowlevel_1ps1w --sweep_widths= \\
         --noaccuracy --repeats=1                                       # a subset
@@ -72,8 +72,8 @@ from lowlevel import files as lowlevel_files
 FLAGS = flags.FLAGS
 flags.DEFINE_boolean("quick", False, "Short runs of the configurations the targets need, 1 "
                      "round (3 of the narrowest targets' pairs), no sweep, 2 accuracy seeds, the "
-                     "sparse suite on 1 M rows (5-5.5 min on 2 loaded cores; the aim is < 5). Explicitly "
-                     "given flags still win.")
+                     "sparse suite on 1 M rows (5-5.5 min on 2 loaded cores; the aim is < 5). "
+                     "Explicitly given flags still win.")
 flags.DEFINE_string("out", os.path.join("benchmarks", "results", "latest"),
                     "Output directory (results.json, results.md, throughput.png, runs/).")
 flags.DEFINE_list("configs", None, "Configurations to run (default: all; quick: local, "

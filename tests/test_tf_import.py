@@ -53,6 +53,7 @@ def _imported(env_value):
 
 
 @needs_no_tf_keras
+@pytest.mark.cluster  # two Python processes importing TensorFlow
 @pytest.mark.timeout(240)
 def test_a_task_imports_no_keras_unless_the_user_asks_for_it():
     assert _imported(None) == "[]"
