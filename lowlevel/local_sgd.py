@@ -22,8 +22,9 @@ with Elastic Averaging SGD", NIPS 2015, targets this same parameter-server
 layout). The exchange runs in the background while the worker trains on
 (`send`, then `merge` at the next block boundary; Wang et al., "Overlap
 Local-SGD", ICASSP 2020): the values it brings back are combined with the
-steps taken meanwhile as copy + (fresh - snapshot), so no step is lost or
-counted twice. With one worker it is in-process training, up to rounding and
+steps taken meanwhile as copy + (pulled - snapshot), so no step is lost or
+counted twice. The claim of the next block rides with it, and all the
+variables bound for one ps task travel as one tensor each way. With one worker it is in-process training, up to rounding and
 the one block by which the pulled values lag. What it trades, with several
 workers: a worker's steps start from parameters that miss up to 2K of each
 other worker's steps (the exact async mode misses up to one), and the
@@ -53,6 +54,7 @@ from typing import Optional
 import tensorflow as tf
 
 from lowlevel import embeddings, optimizer_state
+from lowlevel import packing as packing_lib
 
 v1 = tf.compat.v1
 
@@ -64,15 +66,16 @@ class Copy:
     Attributes:
       shards: the variable's shards on the ps tasks (one if not sharded).
       copy: what the model computes with, the variable's whole shape.
-      anchor: the value of the last exchange; copy - anchor is the delta.
-      snapshot, fresh: async: the copy as it was sent, and what came back.
+      anchor: the ps value the last exchange brought back; copy - anchor is
+        what this worker has not pushed yet (the delta).
+      diff: async: what the last exchange brought back minus the copy it was
+        computed from (the other workers' pushes), added to the copy by `merge`.
     """
 
     shards: list
     copy: object
     anchor: object
-    snapshot: object
-    fresh: object
+    diff: object
 
 
 class LocalCopies:
@@ -119,7 +122,7 @@ class LocalCopies:
         with v1.device(None), v1.device(self.device):
             made = [v1.Variable(initial, trainable=False, name=f"{name}/{role}",
                                 collections=[v1.GraphKeys.LOCAL_VARIABLES])
-                    for role in ("local", "anchor", "snapshot", "fresh")]
+                    for role in ("local", "anchor", "diff")]
         self.copies.append(Copy(shards, *made))
         self._by_name[name] = made[0]
         return made[0]
@@ -134,9 +137,12 @@ class LocalSGDOps:
       claim: int64 `[2]`: (global step at the start of this worker's next
         block of local steps, steps in it); 0 steps: the run is over. Async:
         reserves the block; sync: reads the next round's.
-      send: async: snapshots the copies, pushes the deltas and pulls the
-        result into `fresh` (run in the background while training goes on).
-      merge: async: folds a finished `send` into the copies (worker-local).
+      send: async: pushes each copy's delta, pulls the result into the
+        anchor and keeps in `diff` what it adds to the copy it was computed
+        from (run in the background while training goes on, with the claim
+        of the next block).
+      merge: async: folds a finished `send` into the copies: copy += diff
+        (worker-local, one elementwise pass).
       resync: async: copies := the ps values (after a `send` that failed).
       exchange: sync: pushes the deltas, waits for the round's average, pulls
         it and evaluates to the next round, as `claim`.
@@ -211,24 +217,34 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
 
 
 def _build_async(local_step, copies: LocalCopies, global_step, period, last_step):
-    sent, merged, resynced = [], [], []
+    """The exchange of every copy with the ps tasks, one transfer each way per ps task.
+
+    A model has a few variables per layer, and each transfer through gRPC
+    costs CPU time of its own on both sides, whatever its size: the deltas
+    bound for one ps task are packed into one flat tensor, and what comes
+    back into another (`lowlevel.packing`). On a 2-core machine the exchange's CPU
+    time comes out of the local steps it overlaps, so it is what the mode
+    costs (benchmarks/NOTES.md). The snapshot of each copy is read once: the
+    delta pushed is snapshot - anchor, and what the merge adds later is
+    pulled - snapshot, so no step taken meanwhile is lost or counted twice.
+    """
+    packing = packing_lib.Packing(copies.device)
+    snapshots = []
     for c in copies.copies:
         with tf.device(copies.device):
             snapshot = c.copy.read_value()
-            pieces = _split(snapshot - c.anchor.read_value(), c.shards)
-        pushed = []
-        for piece, shard in zip(pieces, c.shards):
-            with tf.device(shard.device):
-                pushed.append(shard.assign_add(piece, read_value=False))
-        with tf.control_dependencies(pushed):
-            fresh = _pull(c.shards, copies.device)
+            delta = snapshot - c.anchor.read_value()
+        snapshots.append(snapshot)
+        packing.add(_split(delta, c.shards), c.shards)
+    pulled = packing.exchange()
+    sent, merged, resynced = [], [], []
+    for c, snapshot, pieces in zip(copies.copies, snapshots, pulled):
         now = _pull(c.shards, copies.device)
         with tf.device(copies.device):
-            sent += [c.snapshot.assign(snapshot, read_value=False),
-                     c.fresh.assign(fresh, read_value=False)]
-            merged += [c.copy.assign_add(c.fresh.read_value() - c.snapshot.read_value(),
-                                         read_value=False),
-                       c.anchor.assign(c.fresh.read_value(), read_value=False)]
+            fresh = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
+            sent += [c.diff.assign(fresh - snapshot, read_value=False),
+                     c.anchor.assign(fresh, read_value=False)]
+            merged.append(c.copy.assign_add(c.diff.read_value(), read_value=False))
             resynced += [c.copy.assign(now, read_value=False),
                          c.anchor.assign(now, read_value=False)]
     return LocalSGDOps(local_step, claim(global_step, period, last_step), send=tf.group(sent),

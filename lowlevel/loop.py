@@ -177,11 +177,15 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
                     watch: Optional[FaultWatch] = None) -> None:
     """Blocks of local steps; between blocks, the exchange with the ps.
 
-    Async: the exchange of a finished block (`send`) runs in a background
-    thread, on the raw session, while the next block trains; it is folded in
-    (`merge`) at the next boundary. The last one is waited for, so a worker
-    has pushed everything before it reports done; so is the block a
-    preemption interrupts. Sync: `exchange` waits for the round's average.
+    Async: while a block trains, one run in a background thread (on the raw
+    session) pushes the previous block's delta and pulls the model (`send`),
+    and claims the next block (`claim`, so the next block can start at once:
+    a claim waits a round trip, ~2 ms a block on loopback); it is folded in
+    (`merge`) at the next boundary. The last exchange is waited for, so a
+    worker has pushed everything before it reports done; so is the block a
+    preemption interrupts (the block claimed meanwhile is left untrained: a
+    preempted worker's last two claims may count up to 2K steps it did not
+    take). Sync: `exchange` waits for the round's average.
     """
     ops = g.local_ops
     if ops.send is None:  # sync: model averaging, one blocking exchange per round
@@ -197,43 +201,54 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
         return
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange")
     options = watch.options if watch else None
-    pending, trained = None, False
+    trained = False
+    running = lambda: not sess.should_stop() and not stop.is_set()  # noqa: E731
+    claimed = step.fast(ops.claim, "claim") if running() else None
     try:
-        while not sess.should_stop() and not stop.is_set():
-            if pending is not None:
-                _merge(sess, step, ops, pending, watch)
-            # Claim before sending: the ps answers a claim at once, but one made just
-            # after the send waits behind its 2 x model bytes (~5 ms instead of ~2 ms
-            # a block, 1 ps + 1 worker, benchmarks/NOTES.md).
-            start, left = (int(x) for x in step.fast(ops.claim, "claim"))
-            pending = pool.submit(_send, sess, ops.send, options) if trained else None
+        while claimed is not None:
+            start, left = (int(x) for x in claimed)
             g.steps.value = start
             if left == 0:
                 break
+            more = running()
+            fetches = ([ops.send] if trained else []) + ([ops.claim] if more else [])
+            pending = pool.submit(_send, sess, fetches, options) if fetches else None
             for _ in range(left):
                 if stop.is_set():
                     break
                 step(ops.local_step)
                 g.steps.value += 1
+            claimed = _finish(step, ops, pending, trained, watch) if pending else None
             trained = True
-        if pending is not None:
-            _merge(sess, step, ops, pending, watch)
-        if stop.is_set() and trained:  # preempted mid-block: push what it has
-            _merge(sess, step, ops, pool.submit(_send, sess, ops.send, options), watch)
+            if claimed is _FAILED:
+                claimed = step.fast(ops.claim, "claim") if more and running() else None
+            elif not more:
+                claimed = None
+        if trained:  # the last block's (or the preempted block's) steps
+            _finish(step, ops, pool.submit(_send, sess, [ops.send], options), True, watch)
     finally:
         pool.shutdown(wait=False)
 
 
-def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending,
-           watch: Optional[FaultWatch] = None) -> None:
+_FAILED = object()  # what `_finish` returns after a failed exchange
+
+
+def _finish(step: StepRunner, ops: local_sgd.LocalSGDOps, pending, sent: bool,
+            watch: Optional[FaultWatch] = None):
+    """Waits for a background run; merges its exchange (if `sent`); returns its last fetch.
+
+    A failed run (a peer lost, or silent past the deadline) takes the ps
+    model afresh (`resync`) and returns `_FAILED`: its delta, and the block
+    it may have claimed, are lost.
+    """
     try:
-        pending.result()
+        values = pending.result()
     except tf.errors.DeadlineExceededError as e:  # a peer stopped answering mid-exchange
         if watch is None:
             raise
         watch.timed_out("exchange", e, step.steps_value)
         step.hooked(ops.resync, "exchange")  # bounded by the watch
-        return
+        return _FAILED
     except Exception as e:  # noqa: BLE001 - narrowed by `lost`
         if not lost(e):
             raise
@@ -241,5 +256,7 @@ def _merge(sess, step: StepRunner, ops: local_sgd.LocalSGDOps, pending,
         logging.info("exchange with the ps failed (%s); taking the ps model afresh", message)
         events.emit("fault_noticed", None, error=f"exchange failed: {message}")
         step.hooked(ops.resync, "exchange")  # monitored: it recovers first if need be
-        return
-    step.fast(ops.merge, "exchange")
+        return _FAILED
+    if sent:
+        step.fast(ops.merge, "exchange")
+    return values[-1]

@@ -161,6 +161,20 @@ def test_sigkill_of_a_task_is_survived(tmp_path, target):
 
 
 @pytest.mark.timeout(300)
+def test_sigkill_of_the_ps_is_survived_by_local_sgd(tmp_path):
+    """The communication-reduced mode: the background exchange (and the claim of the next
+    block riding with it) fails, the workers take the restored model afresh and the run
+    still ends at exactly the last step."""
+    launch, fault_time, ckpt_step = _inject(tmp_path, "ps0", signal.SIGKILL,
+                                            "--communication_period=8")
+    _assert_recovered(launch, fault_time, ckpt_step, tmp_path / "run")
+    recovered = launch.events("recovered", "worker0", since=fault_time)
+    assert recovered and recovered[0]["origin"] == "restored", launch.events(
+        task="worker0", since=fault_time)
+    assert launch.events("fault_noticed", since=fault_time)
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", ["worker0", "worker1", "ps0"])
 def test_sigterm_ends_a_task_within_5_s_with_status_143(tmp_path, target):
     launch, fault_time, ckpt_step = _inject(tmp_path, target, signal.SIGTERM)

@@ -89,7 +89,7 @@ class _LocalSGD:
     def value(self, name):
         c = self.copies.copies[0]
         return self.sess.run({"w": self.w, "copy": c.copy, "anchor": c.anchor,
-                              "snapshot": c.snapshot, "fresh": c.fresh}[name])
+                              "diff": c.diff}[name])
 
 
 def test_local_sgd_send_merge_and_resync_arithmetic():
@@ -105,13 +105,18 @@ def test_local_sgd_send_merge_and_resync_arithmetic():
     s.sess.run(s.ops.send)  # pushes c1 - anchor, takes the ps value back
     w1 = s.value("w")
     np.testing.assert_allclose(w1, w0 + np.array([0.25, 0.5]) + (c1 - w0), atol=1e-6)
-    np.testing.assert_allclose(s.value("fresh"), w1, atol=1e-6)
-    np.testing.assert_allclose(s.value("snapshot"), c1, atol=1e-6)
+    np.testing.assert_allclose(s.value("anchor"), w1, atol=1e-6)
+    np.testing.assert_allclose(s.value("diff"), w1 - c1, atol=1e-6)  # the other push
     s.sess.run(s.ops.local_step)  # training goes on while the exchange is in flight
     c2 = s.value("copy")
-    s.sess.run(s.ops.merge)  # copy + (fresh - snapshot): the other worker's push, no step lost
+    s.sess.run(s.ops.merge)  # copy + diff: the other worker's push, no step lost
     np.testing.assert_allclose(s.value("copy"), c2 + np.array([0.25, 0.5]), atol=1e-6)
     np.testing.assert_allclose(s.value("anchor"), w1, atol=1e-6)
+    s.sess.run(s.ops.local_step)
+    c3 = s.value("copy")
+    s.sess.run(s.ops.send)  # pushes the two steps taken since the snapshot c1, no more
+    np.testing.assert_allclose(s.value("w"), w1 + (c3 - c1 - np.array([0.25, 0.5])),
+                               atol=1e-6)
     s.sess.run(s.push_other)
     s.sess.run(s.ops.resync)  # after a failed exchange: the ps value, as it is
     np.testing.assert_allclose(s.value("copy"), s.value("w"), atol=1e-6)
@@ -123,3 +128,36 @@ def test_local_sgd_claims_blocks_up_to_exactly_the_last_step():
     claims = [tuple(int(x) for x in s.sess.run(s.ops.claim)) for _ in range(5)]
     assert claims == [(0, 4), (4, 4), (8, 2), (10, 0), (10, 0)]
     assert s.sess.run(s.global_step) == 10
+
+
+def test_local_sgd_packs_sharded_and_whole_variables_into_one_exchange():
+    """Three variables, one of them in 3 shards: one packed push adds each delta to its
+    shard and the pull brings back each whole value, in the right place and shape."""
+    with tf.Graph().as_default():
+        global_step = v1.train.get_or_create_global_step()
+        copies = local_sgd.LocalCopies(CPU)
+        with v1.variable_scope("", custom_getter=copies):
+            k = v1.get_variable("k", initializer=tf.reshape(tf.range(14.0), [7, 2]),
+                                partitioner=v1.fixed_size_partitioner(3))
+            b = v1.get_variable("b", initializer=tf.constant([1.0, 2.0]))
+            s = v1.get_variable("s", initializer=tf.constant(5.0))
+        assert [len(c.shards) for c in copies.copies] == [3, 1, 1]
+        loss = tf.reduce_sum(k * k) + tf.reduce_sum(b) + s * s
+        ops = local_sgd.build(v1.train.GradientDescentOptimizer(0.1), loss, copies,
+                              global_step, 4, 10)
+        shards = copies.copies[0].shards
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(v1.local_variables_initializer())
+            before = sess.run([k, b, s])
+            sess.run(ops.local_step)
+            after = sess.run([k, b, s])
+            assert sess.run(tf.concat(shards, 0)).tolist() == before[0].tolist()  # ps untouched
+            sess.run(ops.send)
+            ps_values = sess.run([tf.concat(shards, 0), copies.copies[1].shards[0],
+                                  copies.copies[2].shards[0]])
+            for got, want in zip(ps_values, after):
+                np.testing.assert_allclose(got, want, rtol=1e-6)
+            for c, want in zip(copies.copies, after):
+                np.testing.assert_allclose(sess.run(c.anchor), want, rtol=1e-6)
+                np.testing.assert_allclose(sess.run(c.diff), np.zeros_like(want), atol=1e-6)
