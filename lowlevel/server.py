@@ -39,7 +39,10 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
     in-process training while its ps idles (benchmarks/NOTES.md).
 
     When the host has more tasks than cores, idle pool threads sleep at once
-    instead of spinning first (`disable_thread_spinning`).
+    instead of spinning first (`disable_thread_spinning`); so do a ps task's
+    whenever training tasks share its host: a ps works in short bursts (an
+    exchange, a step's variables), and its threads spinning after each burst
+    take the core a worker computes on.
 
     `device_filters` keep a worker from waiting for, or talking to, the other
     workers: it sees only the ps job and itself; a ps sees only itself.
@@ -60,8 +63,10 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
         device_filters=filters)
     # More tasks than cores: an idle pool thread that spins before it sleeps
     # burns a core another task on the host needs (+5 % exact 1 ps + 2 workers,
-    # benchmarks/NOTES.md).
-    config.experimental.disable_thread_spinning = here() > cores
+    # benchmarks/NOTES.md); a ps beside training tasks, likewise (communication-
+    # reduced 1 ps + 1 worker over local: 0.83 -> 0.88, benchmarks/NOTES.md).
+    config.experimental.disable_thread_spinning = here() > cores or (
+        task.job_name == PS and bool(training_here))
     if cluster.sparse and task.job_name != PS:
         # A sparseCluster ps knows only itself: the worker's sessions tell it the
         # cluster they need (TensorFlow's ClusterSpec propagation), else the ps

@@ -195,6 +195,24 @@ def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
         "/job:ps", "/job:worker/task:0"]
 
 
+def test_session_config_lets_only_the_computing_tasks_spin(monkeypatch):
+    """Idle pool threads spin before they sleep only where that takes no core a worker
+    needs: not with more tasks than cores, not in a ps beside training tasks."""
+    from lowlevel import server
+    monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
+
+    def spins(cluster, job, index):
+        return not server.session_config(
+            cluster, Task(job, index)).experimental.disable_thread_spinning
+
+    one = Cluster(("127.0.0.1:1",), ("127.0.0.1:2",))
+    assert spins(one, "worker", 0) and not spins(one, "ps", 0)
+    two = Cluster(("127.0.0.1:1",), ("127.0.0.1:2", "127.0.0.1:3"))  # 3 tasks, 2 cores
+    assert not spins(two, "worker", 0) and not spins(two, "ps", 0)
+    remote_ps = Cluster(("10.0.0.9:1",), ("127.0.0.1:2",))
+    assert spins(remote_ps, "ps", 0)  # alone on its machine
+
+
 # TF_CONFIG exactly as Kubeflow's training operator writes it (TFJob "run" in namespace "ml").
 OPERATOR_SPEC = {"chief": ["run-chief-0.ml.svc:2222"],
                  "worker": ["run-worker-0.ml.svc:2222", "run-worker-1.ml.svc:2222"],
