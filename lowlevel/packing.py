@@ -4,8 +4,9 @@ Each tensor that crosses between tasks is its own gRPC transfer, with a CPU
 cost on both sides of its own whatever its size (framing, a `RecvTensor`
 call, copies). The communication-reduced mode's exchange moves every model
 variable to the ps and back; packing the pieces bound for one ps task into
-one flat tensor cut the exchange's CPU time (worker + ps) of the 784-512-512-10
-MLP (6 variables) from ~21 to ~15 ms (benchmarks/NOTES.md).
+one flat tensor cut the CPU time (worker + ps) of pushing and pulling the
+784-512-512-10 MLP's 6 variables from 10.1-12.7 to 9.3-9.4 ms (benchmarks/NOTES.md,
+2026-11-24).
 """
 
 from __future__ import annotations
