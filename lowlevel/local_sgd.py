@@ -24,8 +24,9 @@ layout). The exchange runs in the background while the worker trains on
 Local-SGD", ICASSP 2020): the values it brings back are combined with the
 steps taken meanwhile as copy + (pulled - snapshot), so no step is lost or
 counted twice. The claim of the next block rides with it, and all the
-variables bound for one ps task travel as one tensor each way. With one worker it is in-process training, up to rounding and
-the one block by which the pulled values lag. What it trades, with several
+variables bound for one ps task travel as one tensor each way. With one
+worker it is in-process training, up to rounding and the one block by which
+the pulled values lag. What it trades, with several
 workers: a worker's steps start from parameters that miss up to 2K of each
 other worker's steps (the exact async mode misses up to one), and the
 optimizer's slots (Adagrad accumulators, Adam moments) are per worker instead
@@ -222,8 +223,8 @@ def _build_async(local_step, copies: LocalCopies, global_step, period, last_step
     A model has a few variables per layer, and each transfer through gRPC
     costs CPU time of its own on both sides, whatever its size: the deltas
     bound for one ps task are packed into one flat tensor, and what comes
-    back into another (`lowlevel.packing`). On a 2-core machine the exchange's CPU
-    time comes out of the local steps it overlaps, so it is what the mode
+    back into another (`lowlevel.packing`). On a 2-core machine the exchange's
+    CPU time comes out of the local steps it overlaps, so it is what the mode
     costs (benchmarks/NOTES.md). The snapshot of each copy is read once: the
     delta pushed is snapshot - anchor, and what the merge adds later is
     pulled - snapshot, so no step taken meanwhile is lost or counted twice.
