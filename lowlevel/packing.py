@@ -29,7 +29,8 @@ class Packing:
         self.count = 0
 
     def add(self, pieces: list, shards: list) -> None:
-        """Registers one variable: `pieces[i]` (float32, `shards[i]`'s shape) goes to `shards[i]`."""
+        """Registers one variable: `pieces[i]` (float32, `shards[i]`'s shape) goes to
+        `shards[i]`."""
         for i, (piece, shard) in enumerate(zip(pieces, shards)):
             self.by_ps.setdefault(shard.device, []).append((piece, shard, (self.count, i)))
         self.count += 1
