@@ -90,7 +90,7 @@ def decide(code: int, restarts: int, max_restarts: int, chief_finished: bool = F
            stopping: bool = False) -> str:
     """What a supervisor does with a task that ended with `code` (a Popen return code).
 
-    The launcher's policy (`lowlevel.launch.Supervisor`); pure, so it is tested as a table.
+    The launcher's policy (`lowlevel.supervisor.Supervisor`); pure, so it is tested as a table.
 
     Returns:
       FINISHED: exit 0; or any end once the chief has finished the run (there

@@ -4,8 +4,9 @@
     python -m lowlevel.launch --num_workers=3 --sync --train_steps=3000
     python -m lowlevel.launch --evaluator     # plus an evaluator (continuous_eval)
 
-Each task is a `python -m lowlevel.trainer` process on a free loopback port,
-by default inside a private network namespace with only loopback
+Each task is `python -m lowlevel.trainer` on a free loopback port, forked from the
+launcher once it has imported TensorFlow (`lowlevel.forking`; `--nofork`: a process
+of its own), by default inside a private network namespace with only loopback
 (`lowlevel.isolation`; `--no_isolation` to opt out): no other host or process
 can connect to a task's server, which would run any graph it is sent;
 every trainer flag given here is passed on to every task. Output is prefixed
@@ -31,20 +32,17 @@ orphan is left behind.
 from __future__ import annotations
 
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
-from typing import Optional
 
 import portpicker
 from absl import app, flags
 
-from lowlevel import events, exit_codes, isolation, lifetime
+from lowlevel import forking, isolation
 from lowlevel import trainer  # defines the trainer flags passed on
 from lowlevel.config import UsageError, exit_status_main, flags_parser
+from lowlevel.supervisor import Progress, Supervisor, supervise
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
@@ -62,16 +60,13 @@ flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own 
                      "(root, or a user namespace where the OS allows it), so no other host, "
                      "namespace or process outside the launcher can reach their servers "
                      "(which run any graph sent to them, with no authentication).")
+flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once it has "
+                     "imported TensorFlow (about 3 s of CPU per task saved: lowlevel.forking); "
+                     "--nofork starts every task as its own python -m lowlevel.trainer.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
-CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
-# Seconds the ps tasks may outlive the chief's finished run before the launcher stops them.
-PS_AFTER_CHIEF_SECS = 15.0
 CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index", "schedule")
-# With the live line on, the tasks' own progress lines are not relayed (the line
-# shows the same figures, from the events). Cosmetic only: nothing is read from them.
-PROGRESS_LINE_MARK = " examples/s | "
 
 
 def trainer_args() -> list[str]:
@@ -97,202 +92,6 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
     if evaluator:
         tasks["evaluator0"] = common + ["--job_name=evaluator"]
     return tasks
-
-
-def describe_exit(code: int) -> str:
-    """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a Popen
-    return code."""
-    return exit_codes.describe(code)
-
-
-FINISHED, RESTART, FAILED = exit_codes.FINISHED, exit_codes.RESTART, exit_codes.FAILED
-
-
-class Supervisor:
-    """Starts the tasks, relays their output, watches them end, restarts the ones that die.
-
-    What happens to a task that ended is `exit_codes.decide`'s: *finished* on exit 0 (or
-    any end once the chief, `worker0`, has finished: the run is over), a
-    *restart* with the same command for a retryable status (a signal, 128 + N,
-    200) while it has restarts left, else the run has *failed*.
-
-    Attributes:
-      procs: {task name: its current Popen}.
-      restarts: {task name: restarts so far}.
-      events: (time.time(), task name, what happened) for every start and end,
-        for tools that measure recovery (benchmarks/chaos.py).
-    """
-
-    def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0):
-        self.out = out
-        self.commands = commands
-        self.max_restarts = max_restarts
-        self.lines: queue.Queue = queue.Queue()
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.restarts = {name: 0 for name in commands}
-        self.events: list[tuple[float, str, str]] = []
-        self.stopping = False
-        self.progress = None  # the live progress line, when supervise shows one
-        self._open: set[int] = set()  # pids whose output is still being read
-        self._env = lifetime.child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
-        for name in commands:
-            self._start(name)
-
-    def _start(self, name: str) -> None:
-        proc = subprocess.Popen(self.commands[name], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=self._env, text=True, errors="replace")
-        self.procs[name] = proc
-        self._open.add(proc.pid)
-        self.events.append((time.time(), name, "started"))
-        threading.Thread(target=self._read, args=(name, proc), daemon=True).start()
-
-    def _read(self, name, proc):
-        for line in proc.stdout:
-            self.lines.put((name, proc.pid, line.rstrip("\n")))
-        self.lines.put((name, proc.pid, None))
-
-    def note_line(self, pid: int, line: Optional[str]) -> None:
-        """Records the end of a task's output (`line` None); its end is read only after it."""
-        if line is None:
-            self._open.discard(pid)
-
-    def check(self, finished: set) -> Optional[str]:
-        """Handles every task that has ended since the last call.
-
-        Adds finished tasks to `finished`, restarts the ones that may be, and
-        returns a message naming the first task that failed (None if none).
-        """
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if name in finished or code is None or proc.pid in self._open:
-                continue  # running, or its last lines are still to be read
-            what = "finished" if code == 0 else describe_exit(code)
-            self.events.append((time.time(), name, what))
-            decision = exit_codes.decide(code, self.restarts[name], self.max_restarts,
-                                         CHIEF in finished, self.stopping)
-            if decision == FINISHED:
-                if code != 0 and CHIEF in finished and not self.stopping:
-                    _write(f"launch: {name} {what} after the chief finished; not restarting "
-                           "it", self.progress, self.out)
-                finished.add(name)
-                continue
-            if decision == FAILED:
-                if not exit_codes.is_retryable(code):
-                    return f"{name} {what}; not restarting it"
-                return f"{name} {what}" + (f" and has used its {self.max_restarts} "
-                                           "restart(s)" if self.max_restarts else "")
-            self.restarts[name] += 1
-            _write(f"launch: {name} {what}; restarting it (restart {self.restarts[name]} of "
-                   f"{self.max_restarts})", self.progress, self.out)
-            self._start(name)
-        return None
-
-    def stop(self, timeout_secs: float) -> None:
-        """SIGTERM the workers and the evaluator, then the ps tasks; SIGKILL what is left
-        after `timeout_secs` in all.
-
-        The ps tasks go last: a worker stopped at a safe point, and the chief's checkpoint
-        at the stop, still need them (stopped at once, a worker's step fails with
-        `UnavailableError` and the chief's save with it).
-        """
-        self.stopping = True
-        deadline = time.monotonic() + timeout_secs
-        last = [n for n in self.procs if n.startswith("ps")]
-        for group in ([n for n in self.procs if n not in last], last):
-            procs = [self.procs[n] for n in group]
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
-def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
-              output_dir: Optional[str] = None) -> int:
-    """Relays output until every task has finished or one has failed; returns the exit status.
-
-    With `progress` (a `Progress`), the chief's `progress` events in
-    `output_dir` drive it.
-    """
-    sup.progress = progress
-    follower = events.Follower(output_dir) if progress is not None and output_dir else None
-    if follower is not None:
-        follower.new()  # skip the events of earlier runs on this output_dir
-    finished: set = set()
-    failed = None
-    ps_waiting_since = None
-    while len(finished) < len(sup.procs):
-        try:
-            name, pid, line = sup.lines.get(timeout=0.2)
-        except queue.Empty:
-            name = pid = line = None
-        if pid is not None:
-            sup.note_line(pid, line)
-        if follower is not None:
-            for record in follower.new():
-                if record["task"] == CHIEF and record["event"] == "progress":
-                    progress.update(record)
-        if line is not None and not (progress is not None and PROGRESS_LINE_MARK in line):
-            _write(f"[{name}] {line}", progress, sup.out)
-        if failed is None:
-            failed = sup.check(finished)
-            if failed:
-                _write(f"launch: {failed}; stopping the other tasks", progress, sup.out)
-                sup.stop(stop_timeout_secs)
-        else:
-            sup.check(finished)
-        left = set(sup.procs) - finished
-        if CHIEF in finished and left and all(n.startswith("ps") for n in left):
-            # The run is over. A ps exits within a second of the chief's stop signal;
-            # one restarted after the signal was sent never gets it.
-            ps_waiting_since = ps_waiting_since or time.monotonic()
-            if time.monotonic() - ps_waiting_since > PS_AFTER_CHIEF_SECS and not sup.stopping:
-                _write(f"launch: the run is finished; stopping {', '.join(sorted(left))} "
-                       "(restarted after the chief's stop signal?)", progress, sup.out)
-                sup.stop(stop_timeout_secs)
-    if progress is not None:
-        progress.close(complete=not failed)
-    return 1 if failed else 0
-
-
-class Progress:
-    """One live tqdm line: the chief's global step out of train_steps, rate and loss."""
-
-    def __init__(self):
-        from tqdm import tqdm
-        self._bar = tqdm(total=1, unit="step", dynamic_ncols=True, leave=True,
-                         bar_format="{l_bar}{bar}| step {n}/{total} [{elapsed}<{remaining}"
-                                    "{postfix}]")
-
-    def update(self, record: dict) -> None:
-        """Shows a `progress` event (`lowlevel.events`)."""
-        step, total = record["global_step"], record["train_steps"]
-        self._bar.total = total
-        self._bar.n = min(step, total)
-        self._bar.set_postfix_str(f"{record['steps_per_sec']:.1f} steps/s, "
-                                  f"{record['examples_per_sec']:,.0f} examples/s, "
-                                  f"loss {record['loss']:.4f}", refresh=True)
-
-    def write(self, text: str) -> None:
-        self._bar.write(text)
-
-    def close(self, complete: bool) -> None:
-        if complete:
-            self._bar.n = self._bar.total
-            self._bar.refresh()
-        self._bar.close()
-
-
-def _write(text, progress, out):
-    if progress is not None:
-        progress.write(text)
-    else:
-        print(text, file=out, flush=True)
 
 
 def main(argv) -> int:
@@ -326,7 +125,9 @@ def main(argv) -> int:
           f"{' + evaluator' if FLAGS.evaluator else ''} {where}; "
           f"output in {output_dir}", flush=True)
     started = time.monotonic()
-    sup = Supervisor(commands, max_restarts=FLAGS.max_restarts)
+    if FLAGS.fork:
+        forking.preload(verbose=FLAGS.verbosity >= 1)
+    sup = Supervisor(commands, max_restarts=FLAGS.max_restarts, fork=FLAGS.fork)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)

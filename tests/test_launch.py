@@ -50,7 +50,6 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     assert not clusters.leftovers(out)
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("flags,needle", [
     (["--batch_size=0"], "--batch_size=0"),
@@ -66,9 +65,10 @@ def test_launcher_usage_errors_start_nothing(tmp_path, flags, needle):
 
 
 @pytest.mark.timeout(120)
-def test_a_failing_task_stops_the_others_and_the_launcher_fails(tmp_path):
+@pytest.mark.parametrize("start", ["--fork", "--nofork"])
+def test_a_failing_task_stops_the_others_and_the_launcher_fails(tmp_path, start):
     out = tmp_path / "fail"
-    result = _launch(out, "--dataset=mnist", f"--data_dir={tmp_path / 'missing'}",
+    result = _launch(out, "--dataset=mnist", f"--data_dir={tmp_path / 'missing'}", start,
                      timeout=100)
     assert result.returncode == 1, result.stdout[-3000:]
     assert ("exited with status 1 (permanent failure); not restarting it; stopping the other "
@@ -91,6 +91,12 @@ def test_sigterm_stops_every_task(tmp_path):
         assert clusters.task_events(out, "worker0", "progress")
         children = psutil.Process(proc.pid).children()
         assert len(children) == 3
+        # Forked from the launcher (lowlevel.forking), each still shows as its command.
+        jobs = sorted(next(a for a in c.cmdline() if a.startswith("--job_name="))
+                      for c in children)
+        assert jobs == ["--job_name=ps", "--job_name=worker", "--job_name=worker"], jobs
+        for child in children:
+            assert child.cmdline()[1:3] == ["-m", "lowlevel.trainer"], child.cmdline()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
         gone, alive = psutil.wait_procs(children, timeout=10)
@@ -101,3 +107,24 @@ def test_sigterm_stops_every_task(tmp_path):
             proc.kill()
         for p in clusters.leftovers(out):
             p.kill()
+
+
+@pytest.mark.timeout(60)
+def test_the_supervisor_relays_every_line_in_order_and_a_last_unended_one():
+    """Output is read with a selector, not threads (a fork from a threaded process can
+    deadlock): lines split across reads, a final line with no newline, and a task's end
+    after its last line."""
+    from lowlevel.supervisor import Supervisor
+    script = ("import sys, time\n"
+              "for i in range(3000): sys.stdout.write(f'line {i}\\n')\n"
+              "sys.stdout.flush(); time.sleep(0.2); sys.stdout.write('no newline')")
+    sup = Supervisor({"t": [sys.executable, "-c", script]}, fork=False)
+    got, deadline = [], time.monotonic() + 30
+    while time.monotonic() < deadline:
+        item = sup.next_line(0.5)
+        if item is not None:
+            got.append(item[2])
+            if item[2] is None:
+                break
+    assert got == [f"line {i}" for i in range(3000)] + ["no newline", None]
+    assert sup.procs["t"].wait(10) == 0

@@ -207,8 +207,11 @@ def test_sync_with_a_backup_worker_survives_a_dead_worker(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_sync_without_backups_reports_the_missing_worker_and_resumes(tmp_path):
+    # --nofork: a restart that imports TensorFlow afresh leaves worker1's port closed for
+    # a few seconds, long enough for the chief's 1 s wait to find it missing; a forked
+    # restart listens again within about a second, and may be back before it looks.
     launch, fault_time, ckpt_step = _inject(tmp_path, "worker1", signal.SIGKILL, "--sync",
-                                            "--sync_timeout_secs=1")
+                                            "--sync_timeout_secs=1", "--nofork")
     noticed = [r for r in launch.events("fault_noticed", "worker0", since=fault_time)
                if r.get("missing")]
     assert noticed, launch.events(task="worker0", since=fault_time)
