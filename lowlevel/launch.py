@@ -144,6 +144,12 @@ def main(argv) -> int:
         print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s"
               f"{f' (restarts: {restarted})' if restarted else ''}; metrics in "
               f"{os.path.join(output_dir, 'final_metrics.json')}", flush=True)
+    if FLAGS.fork:
+        # Every task has been reaped and nothing is left to clean; with TensorFlow
+        # loaded the interpreter's own teardown took 0.6-0.9 s more (benchmarks/NOTES.md).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 
