@@ -20,9 +20,12 @@ SWEEP = ["local", "classic_1ps1w", "lowlevel_1ps1w"]
 MODES = ("exact", "comm_reduced")
 REF_PARAMS = 669_706  # MLP 784-512-512-10
 # Local steps per second per worker for the 0.67 M MLP on 2 cores: the first guess of a
-# run's length, replaced by what the configuration measures.
-PRIOR_STEPS_PER_SEC = {"local": 300.0, "classic": 90.0, "lowlevel": 90.0, "tf2_pss": 45.0,
-                       "comm_reduced": 250.0}
+# run's length, replaced by what the configuration measures. From the quick runs of
+# 2026-11-24 (batch 128): local 135-160, lowlevel exact 72 (1 worker) and 40 (2 x 0.6),
+# comm_reduced 118-132 (1 worker) and 66-78 (2). A guess above the truth lengthens the
+# run: 250 made the first communication-reduced runs 2x the 2.5 s --quick window.
+PRIOR_STEPS_PER_SEC = {"local": 160.0, "classic": 90.0, "lowlevel": 75.0, "tf2_pss": 45.0,
+                       "comm_reduced": 135.0}
 
 
 @dataclasses.dataclass(frozen=True)
