@@ -25,24 +25,12 @@ import tensorflow as tf
 from lowlevel import data as data_lib
 from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
                       probes, shutdown)
+from lowlevel.optimizers import make_optimizer
 from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
 
 v1 = tf.compat.v1
-
-
-def make_optimizer(name: str, learning_rate: float):
-    """The `tf.compat.v1.train` optimizer called `name` (adagrad, sgd, momentum 0.9, adam)."""
-    if name == "adagrad":
-        return v1.train.AdagradOptimizer(learning_rate)
-    if name == "sgd":
-        return v1.train.GradientDescentOptimizer(learning_rate)
-    if name == "momentum":
-        return v1.train.MomentumOptimizer(learning_rate, momentum=0.9)
-    if name == "adam":
-        return v1.train.AdamOptimizer(learning_rate)
-    raise ValueError(f"unknown optimizer {name!r}")
 
 
 @dataclasses.dataclass
