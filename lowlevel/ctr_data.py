@@ -174,12 +174,13 @@ def synthetic_ctr(vocab_size: int, hash_buckets: int, num_train: int = 65536,
                       tuple(int(s) for s in sizes), ("C1xC2", "C3xC4", "C6xC9"), hash_buckets)
 
 
-def train_input(data: CtrDataSet, batch_size: int, num_shards: int, shard: int, seed: int):
+def train_iterator(data: CtrDataSet, batch_size: int, num_shards: int, shard: int, seed: int):
     """Worker `shard`'s input: every num_shards-th example, reshuffled each epoch, forever.
 
     Returns:
-      (initializer op, feed dict, (features {"dense": float32 `[B, D]`,
-      "categorical": int64 `[B, F]`, "crosses": int64 `[B, C]`}, labels int64 `[B]`)).
+      (initializer op, feed dict, iterator); its `get_next()` is (features {"dense":
+      float32 `[B, D]`, "categorical": int64 `[B, F]`, "crosses": int64 `[B, C]`},
+      labels int64 `[B]`).
     """
     import tensorflow as tf
     from lowlevel.data import shard_indices
@@ -189,11 +190,11 @@ def train_input(data: CtrDataSet, batch_size: int, num_shards: int, shard: int, 
     ds = ds.shuffle(len(idx), seed=seed + shard, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     it = tf.compat.v1.data.make_initializable_iterator(ds)
-    return it.initializer, feed, it.get_next()
+    return it.initializer, feed, it
 
 
 def eval_input(split: CtrSplit, batch_size: int = 1000):
-    """`split` in order, in batches of at most `batch_size`; as `train_input`'s."""
+    """`split` in order, in batches of at most `batch_size`; as `train_iterator`'s batches."""
     import tensorflow as tf
     features, labels, feed = _placeholders(split)
     ds = tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch_size)

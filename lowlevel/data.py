@@ -307,8 +307,18 @@ def train_input(data: DataSet, batch_size: int, num_shards: int, shard: int, see
       (initializer op, feed dict for it, (images float32 `[batch_size, H, W, 1]`,
       labels int64 `[batch_size]`)).
     """
+    init, feed, iterator = train_iterator(data, batch_size, num_shards, shard, seed)
+    return init, feed, iterator.get_next()
+
+
+def train_iterator(data: DataSet, batch_size: int, num_shards: int, shard: int, seed: int):
+    """As `train_input`, with the iterator instead of its next batch: (init, feed, iterator).
+
+    Each `iterator.get_next()` is a batch of its own (a loop of local steps takes one
+    per step: `local_sgd.local_block`).
+    """
     if isinstance(data, ctr_data.CtrDataSet):
-        return ctr_data.train_input(data, batch_size, num_shards, shard, seed)
+        return ctr_data.train_iterator(data, batch_size, num_shards, shard, seed)
     idx = shard_indices(len(data.train), num_shards, shard)
     images, labels, feed = _placeholders(Split(data.train.images[idx], data.train.labels[idx]))
     ds = tf.data.Dataset.from_tensor_slices((images, labels))
@@ -317,7 +327,7 @@ def train_input(data: DataSet, batch_size: int, num_shards: int, shard: int, see
     ds = ds.map(lambda x, y: (normalize(x, data.max_value), y))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     it = tf.compat.v1.data.make_initializable_iterator(ds)
-    return it.initializer, feed, it.get_next()
+    return it.initializer, feed, it
 
 
 def eval_input(split: Split, max_value: float, batch_size: int = 1000):

@@ -105,11 +105,12 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 shards, shard, seed = 1, 0, config.seed + task.replica_index
             else:
                 shards, shard, seed = mode.num_workers, task.replica_index, config.seed
-            iter_init, feed, (images, labels) = data_lib.train_input(
+            iter_init, feed, iterator = data_lib.train_iterator(
                 data, config.batch_size, shards, shard, seed)
+            images, labels = iterator.get_next()
             opt = make_optimizer(config.optimizer, config.lr)
             if mode.local:
-                step = _local_sgd_step(config, mode, model_fn, images, labels, opt,
+                step = _local_sgd_step(config, mode, model_fn, images, labels, iterator, opt,
                                        global_step, placement.worker_device(
                                            task.task_index, worker_gpu, task.job_name))
             elif cluster:
@@ -216,16 +217,24 @@ def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
     return _Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
 
 
-def _local_sgd_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
-                    worker_device: str) -> _Step:
-    """The communication-reduced mode: the model computes with worker-local copies."""
+def _local_sgd_step(config, mode: _Mode, model_fn, images, labels, iterator, opt,
+                    global_step, worker_device: str) -> _Step:
+    """The communication-reduced mode: the model computes with worker-local copies.
+
+    `iterator` gives the batches of a block of local steps run at once (`local_sgd.build`).
+    """
     copies = local_sgd.LocalCopies(worker_device)
-    with v1.variable_scope(v1.get_variable_scope(), custom_getter=copies):
-        loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+
+    def loss_on(batch_images, batch_labels):
+        with v1.variable_scope(v1.get_variable_scope(), custom_getter=copies):
+            return models.loss_and_accuracy(model_fn(batch_images), batch_labels)
+
+    loss, accuracy = loss_on(images, labels)
     ops = local_sgd.build(opt, loss, copies, global_step, config.communication_period,
                           config.train_steps,
                           (mode.replicas, mode.num_workers) if mode.sync else None,
-                          make_optimizer(config.optimizer, config.lr))
+                          make_optimizer(config.optimizer, config.lr),
+                          next_loss=lambda: loss_on(*iterator.get_next())[0])
     return _Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
 
 

@@ -63,11 +63,20 @@ class StepRunner:
         self._raw = None
         self._calls: dict = {}
 
-    def __call__(self, fetch):
-        """Runs one training step that fetches `fetch`; returns its value."""
+    def due(self) -> bool:
+        """Whether a hook wants the next step run through it."""
+        return any(due() for due in self._due)
+
+    def __call__(self, fetch, steps: int = 1):
+        """Runs `fetch`, `steps` training steps in one run; returns its value.
+
+        One step goes through the hooks when one is due; a block of steps
+        (`steps` > 1, `local_sgd.local_block`) never does: the hooks fetch the
+        single step's tensors.
+        """
         state, start = self._g.steps, time.time()
         t0 = time.perf_counter()
-        if any(due() for due in self._due):
+        if steps == 1 and self.due():
             state.in_step = True
             try:
                 value = self.hooked(fetch)
@@ -75,7 +84,7 @@ class StepRunner:
                 state.in_step = False
         else:
             value = self.fast(fetch)
-        self._g.progress.record(start, time.perf_counter() - t0)
+        self._g.progress.record(start, time.perf_counter() - t0, steps)
         return value
 
     @property
@@ -195,9 +204,7 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
             next_round, g.steps.value = ops.exchange, start
             if left == 0:
                 return
-            for _ in range(left):
-                step(ops.local_step)
-                g.steps.value += 1
+            _local_steps(step, g, left)
         return
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exchange")
     options = watch.options if watch else None
@@ -213,11 +220,7 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
             more = running()
             fetches = ([ops.send] if trained else []) + ([ops.claim] if more else [])
             pending = pool.submit(_send, sess, fetches, options) if fetches else None
-            for _ in range(left):
-                if stop.is_set():
-                    break
-                step(ops.local_step)
-                g.steps.value += 1
+            _local_steps(step, g, left, stop)
             claimed = _finish(step, ops, pending, trained, watch) if pending else None
             trained = True
             if claimed is _FAILED:
@@ -228,6 +231,20 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
             _finish(step, ops, pool.submit(_send, sess, [ops.send], options), True, watch)
     finally:
         pool.shutdown(wait=False)
+
+
+def _local_steps(step: StepRunner, g: TrainGraph, n: int,
+                 stop: Optional[threading.Event] = None) -> None:
+    """Runs `n` local steps (fewer if `stop` is set): a block per run where one fits and
+    no hook is due (`LocalSGDOps.block`), else one step per run."""
+    ops = g.local_ops
+    while n > 0 and not (stop and stop.is_set()):
+        k = ops.block_steps if ops.block is not None and n >= ops.block_steps else 1
+        if k > 1 and step.due():
+            k = 1
+        step(ops.block if k > 1 else ops.local_step, k)
+        g.steps.value += k
+        n -= k
 
 
 _FAILED = object()  # what `_finish` returns after a failed exchange

@@ -64,16 +64,22 @@ class ProgressHook(v1.train.SessionRunHook):
         self._last_step = step
         self._last_time = time.monotonic()
 
-    def record(self, start: float, seconds: float) -> None:
-        """One training step took `seconds`, from `start` (`time.time()`)."""
-        if self.local_steps == self._warmup_steps:
-            self._window_start = start
-        self.local_steps += 1
-        self.last_step_unix = start + seconds
-        if self.first_step_unix is None:
-            self.first_step_unix = self.last_step_unix
-        if self.local_steps > self._warmup_steps:
-            self.step_secs.append(seconds)
+    def record(self, start: float, seconds: float, steps: int = 1) -> None:
+        """`steps` training steps took `seconds`, from `start` (`time.time()`).
+
+        A block of local steps run at once (`local_sgd.local_block`) counts as
+        `steps` steps of `seconds / steps` each, one after the other.
+        """
+        each = seconds / steps
+        for i in range(steps):
+            if self.local_steps == self._warmup_steps:
+                self._window_start = start + i * each
+            self.local_steps += 1
+            self.last_step_unix = start + (i + 1) * each
+            if self.first_step_unix is None:
+                self.first_step_unix = self.last_step_unix
+            if self.local_steps > self._warmup_steps:
+                self.step_secs.append(each)
 
     def due(self) -> bool:
         return (self.first_step_time is None or

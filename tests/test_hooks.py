@@ -101,7 +101,7 @@ class _Graph:
         self.hooks, self.steps = hook_list, steps
         self.progress = self
 
-    def record(self, start, seconds):
+    def record(self, start, seconds, steps=1):
         pass
 
 

@@ -161,3 +161,37 @@ def test_local_sgd_packs_sharded_and_whole_variables_into_one_exchange():
             for c, want in zip(copies.copies, after):
                 np.testing.assert_allclose(sess.run(c.anchor), want, rtol=1e-6)
                 np.testing.assert_allclose(sess.run(c.diff), np.zeros_like(want), atol=1e-6)
+
+
+def test_a_block_of_local_steps_is_that_many_single_steps():
+    """`LocalSGDOps.block` (one run, a while_loop taking a batch per iteration) leaves the
+    copy where `block_steps` runs of `local_step` on the same batches leave it."""
+    batches = np.arange(40, dtype=np.float32).reshape(20, 2) / 10.0
+    results = []
+    for use_block in (True, False):
+        with tf.Graph().as_default():
+            global_step = v1.train.get_or_create_global_step()
+            it = v1.data.make_one_shot_iterator(tf.data.Dataset.from_tensor_slices(batches))
+            copies = local_sgd.LocalCopies(CPU)
+
+            def loss_on(x):
+                with v1.variable_scope("", custom_getter=copies, reuse=v1.AUTO_REUSE):
+                    w = v1.get_variable("w", initializer=tf.constant([1.0, -1.0]))
+                return tf.reduce_sum(tf.square(w - x))
+
+            ops = local_sgd.build(v1.train.AdagradOptimizer(0.1), loss_on(it.get_next()),
+                                  copies, global_step, 4, 100,
+                                  next_loss=lambda: loss_on(it.get_next()))
+            assert ops.block_steps == 4
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                sess.run(v1.local_variables_initializer())  # the copy, from w
+                if use_block:
+                    assert sess.run(ops.block) == 4
+                else:
+                    for _ in range(4):
+                        sess.run(ops.local_step)
+                results.append(sess.run([copies.copies[0].copy, it.get_next()]))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+    np.testing.assert_array_equal(results[0][1], batches[4])  # 4 batches taken, no more
+    assert not np.allclose(results[0][0], [1.0, -1.0])  # it trained

@@ -34,7 +34,9 @@ def test_tiny_run(tmp_path):
     out = tmp_path / "bench"
     argv = [sys.executable, "-m", "benchmarks.throughput", f"--out={out}",
             "--configs=local,lowlevel_1ps1w", "--hidden_units=32,32", "--repeats=1",
-            "--measure_secs=1", "--min_steps=100", "--warmup_steps=20", "--sweep_widths=",
+            # 1,000 steps: at ~700 steps/s a window of ~1.4 s, several of the byte
+            # watcher's 0.25 s samples (100 steps, ~0.15 s, at times held none)
+            "--measure_secs=1", "--min_steps=1000", "--warmup_steps=20", "--sweep_widths=",
             "--noaccuracy", "--noplacement", "--run_timeout_secs=120"]
     returncode, output, seen, _ = clusters.run_watched(argv)  # every process it starts
     assert returncode == 0, output
