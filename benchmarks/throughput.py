@@ -91,8 +91,8 @@ flags.DEFINE_list("headline", ["local:n/a", "lowlevel_1ps1w:exact", "lowlevel_1p
                                "lowlevel_1ps2w:exact", "lowlevel_1ps2w:comm_reduced",
                                "tf2_pss_1ps2w:n/a"],
                   "The configurations (name:mode) behind the narrow throughput targets, "
-                  "run --headline_repeats rounds (quick: the pairs of lowlevel_1ps1w_over_local "
-                  "and sync_over_async_exact).")
+                  "run --headline_repeats rounds (quick: the pairs of lowlevel_1ps1w_over_local, "
+                  "its _exact, lowlevel_over_tf2_pss_exact and sync_over_async_exact).")
 flags.DEFINE_list("hidden_units", ["512", "512"], "MLP hidden widths of the main "
                   "configurations.")
 flags.DEFINE_integer("batch_size", 128, "Examples per worker step.")
@@ -146,8 +146,8 @@ QUICK = {"repeats": 1, "headline_repeats": 3, "measure_secs": 2.5, "min_steps": 
          "sweep_widths": [], "accuracy_steps": 2000, "accuracy_seeds": ["0", "1"],
          "configs": ["local", "lowlevel_1ps1w", "lowlevel_1ps2w", "lowlevel_1ps2w_sync",
                      "tf2_pss_1ps2w"],
-         "headline": ["local:n/a", "lowlevel_1ps1w:comm_reduced", "lowlevel_1ps2w:exact",
-                      "lowlevel_1ps2w_sync:exact"]}
+         "headline": ["local:n/a", "lowlevel_1ps1w:exact", "lowlevel_1ps1w:comm_reduced",
+                      "lowlevel_1ps2w:exact", "lowlevel_1ps2w_sync:exact", "tf2_pss_1ps2w:n/a"]}
 
 
 class Bench:
