@@ -25,10 +25,10 @@ import tensorflow as tf
 from lowlevel import data as data_lib
 from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
                       probes, shutdown)
-from lowlevel.optimizers import make_optimizer
 from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
+from lowlevel.optimizers import make_optimizer
 
 v1 = tf.compat.v1
 
