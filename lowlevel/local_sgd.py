@@ -31,6 +31,11 @@ workers: a worker's steps start from parameters that miss up to 2K of each
 other worker's steps (the exact async mode misses up to one), and the
 optimizer's slots (Adagrad accumulators, Adam moments) are per worker instead
 of shared (the chief's are what checkpoints hold: `lowlevel.optimizer_state`).
+A worker that joins a trained model late (or restarts) loads the optimizer
+state of the last checkpoint, the initial state before the first one; older
+state means larger steps than the others take (fresh Adagrad: ~10x after 1,000
+steps), which can throw the shared model off (benchmarks/NOTES.md, 2026-11-24:
+about 1 digits run in 12-25 whose second worker joined late; not yet fixed).
 The benchmark reports the test accuracy of both modes beside their
 speed; `--communication_period=1` switches it off.
 
@@ -43,7 +48,7 @@ every worker waits for the round's average.
 
 The global step counts local steps (in sync mode, each worker's: a round of K
 steps moves it by K). Async workers claim each block of at most K steps
-(`claim`, atomic on global_step's ps); each sync round moves it by at most
+(`exchange.claim`, atomic on global_step's ps); each sync round moves it by at most
 what is left; so the run ends at exactly `--train_steps`.
 """
 
@@ -54,8 +59,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from lowlevel import embeddings, optimizer_state
-from lowlevel import packing as packing_lib
+from lowlevel import embeddings, exchange, optimizer_state
 
 v1 = tf.compat.v1
 
@@ -118,13 +122,13 @@ class LocalCopies:
             return var
         if embeddings.is_table_request(kwargs):
             if name not in self._by_name:
-                self.tables += _shards(var)
+                self.tables += exchange.shards_of(var)
                 self._by_name[name] = var
             return var
         if name in self._by_name:  # the model was built a second time (reuse)
             return self._by_name[name]
-        shards = _shards(var)
-        initial = _pull(shards, self.device)
+        shards = exchange.shards_of(var)
+        initial = exchange.pull(shards, self.device)
         with v1.device(None), v1.device(self.device):
             made = [v1.Variable(initial, trainable=False, name=f"{name}/{role}",
                                 collections=[v1.GraphKeys.LOCAL_VARIABLES])
@@ -217,12 +221,14 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
         made, {c.copy.op.name: (c.copy.op.name[:-len("/local")], c.shards[0].device)
                for c in copies.copies}, global_step.device)
     if sync is None:
-        ops = _build_async(local_step, copies, global_step, period, last_step)
-    else:
-        ops = _build_sync(local_step, copies, global_step, period, last_step, *sync)
-    ops.state = state
-    ops.block, ops.block_steps = block, block_steps
-    return ops
+        send, merge, resync = exchange.async_exchange(copies.copies, copies.device)
+        return LocalSGDOps(local_step, exchange.claim(global_step, period, last_step),
+                           block, block_steps, send=send, merge=merge, resync=resync,
+                           state=state)
+    sync_round, sync_opt = exchange.sync_exchange(copies.copies, copies.device, global_step,
+                                                  period, last_step, *sync)
+    return LocalSGDOps(local_step, exchange.next_round(global_step, period, last_step), block,
+                       block_steps, exchange=sync_round, sync_optimizer=sync_opt, state=state)
 
 
 def _local_update(opt, table_opt, loss, copies: LocalCopies):
@@ -263,134 +269,6 @@ def local_block(step_fn: Callable[[], object], steps: int):
     done, = tf.while_loop(lambda i: i < steps, body, [tf.constant(0)], parallel_iterations=1,
                           back_prop=False, name="local_block")
     return done  # int32 scalar: `steps`
-
-
-def _build_async(local_step, copies: LocalCopies, global_step, period, last_step):
-    """The exchange of every copy with the ps tasks, one transfer each way per ps task.
-
-    A model has a few variables per layer, and each transfer through gRPC
-    costs CPU time of its own on both sides, whatever its size: the deltas
-    bound for one ps task are packed into one flat tensor, and what comes
-    back into another (`lowlevel.packing`). On a 2-core machine the exchange's
-    CPU time comes out of the local steps it overlaps, so it is what the mode
-    costs (benchmarks/NOTES.md). The snapshot of each copy is read once: the
-    delta pushed is snapshot - anchor, and what the merge adds later is
-    pulled - snapshot, so no step taken meanwhile is lost or counted twice.
-    """
-    packing = packing_lib.Packing(copies.device)
-    snapshots = []
-    for c in copies.copies:
-        with tf.device(copies.device):
-            snapshot = c.copy.read_value()
-            delta = snapshot - c.anchor.read_value()
-        snapshots.append(snapshot)
-        packing.add(_split(delta, c.shards), c.shards)
-    pulled = packing.exchange()
-    sent, merged, resynced = [], [], []
-    for c, snapshot, pieces in zip(copies.copies, snapshots, pulled):
-        now = _pull(c.shards, copies.device)
-        with tf.device(copies.device):
-            fresh = pieces[0] if len(pieces) == 1 else tf.concat(pieces, axis=0)
-            sent += [c.diff.assign(fresh - snapshot, read_value=False),
-                     c.anchor.assign(fresh, read_value=False)]
-            merged.append(c.copy.assign_add(c.diff.read_value(), read_value=False))
-            resynced += [c.copy.assign(now, read_value=False),
-                         c.anchor.assign(now, read_value=False)]
-    return LocalSGDOps(local_step, claim(global_step, period, last_step), send=tf.group(sent),
-                       merge=tf.group(merged), resync=tf.group(resynced))
-
-
-def _build_sync(local_step, copies: LocalCopies, global_step, period, last_step, replicas,
-                total):
-    sync_opt = v1.train.SyncReplicasOptimizer(
-        _AverageOptimizer(period, last_step), replicas_to_aggregate=replicas,
-        total_num_replicas=total)
-    negated = []
-    for c in copies.copies:
-        with tf.device(copies.device):
-            delta = c.copy.read_value() - c.anchor.read_value()
-            negated += [(-piece, shard) for piece, shard in zip(_split(delta, c.shards),
-                                                                 c.shards)]
-    pushed = sync_opt.apply_gradients(negated, global_step=global_step)
-    updates = []
-    with tf.control_dependencies([pushed]):
-        for c in copies.copies:
-            average = _pull(c.shards, copies.device)
-            with tf.device(copies.device):
-                updates += [c.copy.assign(average, read_value=False),
-                            c.anchor.assign(average, read_value=False)]
-    with tf.control_dependencies(updates):
-        exchange = _next_round(global_step, period, last_step)
-    return LocalSGDOps(local_step, _next_round(global_step, period, last_step),
-                       exchange=exchange, sync_optimizer=sync_opt)
-
-
-def claim(global_step, period: int, last_step: int):
-    """int64 `[2]`: (start, n) — reserves the next n = min(period, last_step - start) steps.
-
-    Runs in a `tf.CriticalSection` on global_step's device, shared by name by
-    every worker's graph, so two claims never overlap.
-    """
-    with tf.device(global_step.device):
-        section = tf.CriticalSection(name="claim_steps", shared_name="lowlevel_claim_steps")
-
-        def reserve():
-            start = global_step.read_value()
-            n = _steps_left(start, period, last_step)
-            with tf.control_dependencies([global_step.assign_add(n, read_value=False)]):
-                return tf.stack([start, n])
-
-        return section.execute(reserve)
-
-
-def _steps_left(start, period: int, last_step: int):
-    return tf.maximum(tf.minimum(tf.constant(period, tf.int64), last_step - start), 0)
-
-
-def _next_round(global_step, period: int, last_step: int):
-    """Sync: int64 `[2]`: (global step, steps in the next round); only the sync loop moves it."""
-    with tf.device(global_step.device):
-        start = global_step.read_value()
-        return tf.stack([start, _steps_left(start, period, last_step)])
-
-
-class _AverageOptimizer(v1.train.GradientDescentOptimizer):
-    """Applies the averaged -delta at rate 1 and moves global_step by the round's local steps."""
-
-    def __init__(self, period: int, last_step: int):
-        super().__init__(1.0, name="ModelAverage")
-        self._period, self._last_step = period, last_step
-
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        update = super().apply_gradients(grads_and_vars, name=name)
-        with tf.control_dependencies([update]):
-            steps = _steps_left(global_step.read_value(), self._period, self._last_step)
-            return global_step.assign_add(steps, read_value=False)
-
-
-def _shards(var) -> list:
-    """The shards of a sharded (`PartitionedVariable`) variable, in order; [var] otherwise."""
-    shards = getattr(var, "_get_variable_list", None)  # no public name for the class
-    return list(shards()) if shards else [var]
-
-
-def _pull(shards: list, device: str):
-    """The whole value of a (sharded) variable, read beside each shard, joined on `device`."""
-    reads = []
-    for shard in shards:
-        with tf.device(shard.device):
-            reads.append(shard.read_value())
-    if len(reads) == 1:
-        return reads[0]
-    with tf.device(device):
-        return tf.concat(reads, axis=0)
-
-
-def _split(value, shards: list) -> list:
-    """`value` cut along axis 0 as the shards are."""
-    if len(shards) == 1:
-        return [value]
-    return tf.split(value, [s.shape[0] for s in shards], axis=0)
 
 
 def _make_local(variables) -> None:

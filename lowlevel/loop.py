@@ -188,8 +188,8 @@ def _local_sgd_loop(sess, g: TrainGraph, step: StepRunner, stop: threading.Event
 
     Async: while a block trains, one run in a background thread (on the raw
     session) pushes the previous block's delta and pulls the model (`send`),
-    and claims the next block (`claim`, so the next block can start at once:
-    a claim waits a round trip, ~2 ms a block on loopback); it is folded in
+    and claims the next block (`exchange.claim`, so the next block can start at
+    once: a claim waits a round trip, ~2 ms a block on loopback); it is folded in
     (`merge`) at the next boundary. The last exchange is waited for, so a
     worker has pushed everything before it reports done; so is the block a
     preemption interrupts (the block claimed meanwhile is left untrained: a
