@@ -35,7 +35,7 @@ A worker that joins a trained model late (or restarts) loads the optimizer
 state of the last checkpoint, the initial state before the first one; older
 state means larger steps than the others take (fresh Adagrad: ~10x after 1,000
 steps), which can throw the shared model off (benchmarks/NOTES.md, 2026-11-24:
-about 1 digits run in 12-25 whose second worker joined late; not yet fixed).
+about 1 digits run in 22 whose second worker joined late; not yet fixed).
 The benchmark reports the test accuracy of both modes beside their
 speed; `--communication_period=1` switches it off.
 
