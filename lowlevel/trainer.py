@@ -54,9 +54,12 @@ FINISHED_PS_WAIT_SECS = 30.0
 # every 10 s) closes it, and gRPC reconnects at once. A channel that cannot
 # connect retries with exponential backoff (1 s x 1.6 per attempt, up to 120 s):
 # after a 60 s partition its next attempt could come 20 s after the heal (a test
-# measured 22 s); capped at 5 s, training resumes within seconds.
+# measured 22 s); capped at 5 s, training resumes within seconds. And each attempt
+# waits at least gRPC's minimum connect timeout (20 s, grpc/doc/connection-backoff.md)
+# for its SYN to be answered: one begun during the partition could hold the channel
+# until 20 s after the heal (a test measured 22.3 s with the cap); 5 s here too.
 GRPC_KEEPALIVE = ("grpc.keepalive_time_ms=10000,grpc.keepalive_timeout_ms=5000,"
-                  "grpc.max_reconnect_backoff_ms=5000")
+                  "grpc.max_reconnect_backoff_ms=5000,grpc.min_reconnect_backoff_ms=5000")
 
 # Cluster.
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the ps tasks.")
