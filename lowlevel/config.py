@@ -225,6 +225,11 @@ class TrainConfig:
     eval_timeout_secs: float = _seconds(
         600.0, "How long an evaluator waits for a new checkpoint before giving up with exit "
         "status 200 (retryable).")
+    start_wait_secs: float = _field(
+        30.0, "Communication-reduced async mode (--communication_period > 1): at the start "
+        "of a fresh run the chief waits this long at most for every worker to be ready, so "
+        "that all start together (a worker joining a trained model late starts with fresh "
+        "optimizer state and can throw it off: lowlevel/start.py); 0: no wait.", minimum=0)
     sync_timeout_secs: float = _seconds(
         30.0, "Sync mode: how long one step may wait for gradients before the chief logs "
         "which workers do not answer (it keeps waiting; the step completes when they are "

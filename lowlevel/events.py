@@ -22,6 +22,10 @@ and, per event (fields after the colon):
 - `session_ready`: a training task has its first session: `origin` (chief:
   "initialised", "restored" or "adopted"; worker: "ready"), `restored_step`
   (int, when restored, else null).
+- `start_barrier`: the chief of a fresh communication-reduced async run
+  waited for the other workers to be ready (`lowlevel.start`):
+  `waited_secs` (float), `missing` (list of "worker1 at host:port" that were
+  not ready within `--start_wait_secs`: they join late).
 - `progress`: every `--log_every_secs`, from a step: `loss` (float, the
   batch's), `examples_per_sec` and `steps_per_sec` (floats, all workers,
   since the previous one), `train_steps` (int).

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from lowlevel import data as data_lib
 from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
-                      probes, shutdown)
+                      probes, shutdown, start)
 from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -242,6 +242,13 @@ def _hooks(config, mode: _Mode, cluster, task, step: _Step, global_step, scaffol
            progress, final_eval, channel, preempted) -> list:
     """The task's session hooks, in the order of the end-of-training protocol (`shutdown`)."""
     training = [progress]
+    if mode.local and not mode.sync and cluster and cluster.num_workers and config.start_wait_secs:
+        others = {t.replica_index: f"{t.job_name}{t.task_index} at "
+                  f"{cluster.hosts(t.job_name)[t.task_index]}"
+                  for t in cluster.training_tasks() if not t.is_chief}
+        barrier = start.StartBarrier(global_step, shutdown.ps_device(0))
+        training.insert(0, start.StartTogetherHook(barrier, task.replica_index, others,
+                                                   config.start_wait_secs, preempted))
     if mode.sync:
         others = [t for t in cluster.training_tasks() if not t.is_chief]
         # Model averaging starts without tokens: a worker's first exchange must

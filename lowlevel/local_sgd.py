@@ -34,8 +34,11 @@ of shared (the chief's are what checkpoints hold: `lowlevel.optimizer_state`).
 A worker that joins a trained model late (or restarts) loads the optimizer
 state of the last checkpoint, the initial state before the first one; older
 state means larger steps than the others take (fresh Adagrad: ~10x after 1,000
-steps), which can throw the shared model off (benchmarks/NOTES.md, 2026-11-24:
-about 1 digits run in 22 whose second worker joined late; not yet fixed).
+steps), which can throw the shared model off (benchmarks/NOTES.md, 2026-11-24).
+So a fresh async run starts together: the chief waits, up to
+`--start_wait_secs`, until every worker is ready (`lowlevel.start`); before,
+about 1 digits run in 22 ended below 0.93 because the second worker was ready
+only when the chief had run 240-1,000 of the 2,000 steps alone.
 The benchmark reports the test accuracy of both modes beside their
 speed; `--communication_period=1` switches it off.
 

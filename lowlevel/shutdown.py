@@ -117,7 +117,7 @@ def _queue(name: str, device: str, capacity: int = 1024):
                             name=name.replace("/", "_"))
 
 
-def _ps_device(k: int) -> str:
+def ps_device(k: int) -> str:
     return f"/job:ps/task:{k}/device:CPU:0"
 
 
@@ -127,10 +127,10 @@ class ShutdownChannel:
     def __init__(self, num_ps: int):
         self.num_ps = num_ps
         self._task_index = v1.placeholder(tf.int32, [], name="shutdown_task_index")
-        done = _queue("lowlevel/workers_done", _ps_device(0))
+        done = _queue("lowlevel/workers_done", ps_device(0))
         self._report_done = done.enqueue(self._task_index)
         self._next_done = done.dequeue()
-        self._stop_ps = [_queue(f"lowlevel/stop_ps{k}", _ps_device(k)).enqueue(0)
+        self._stop_ps = [_queue(f"lowlevel/stop_ps{k}", ps_device(k)).enqueue(0)
                          for k in range(num_ps)]
 
     def report_done(self, sess, task_index: int) -> None:
@@ -273,7 +273,7 @@ def run_std_server(server, task: Task, config=None) -> int:
     start_time = time.monotonic()
     stopped = threading.Event()
     with tf.Graph().as_default():
-        wait = _queue(f"lowlevel/stop_ps{task.task_index}", _ps_device(task.task_index)
+        wait = _queue(f"lowlevel/stop_ps{task.task_index}", ps_device(task.task_index)
                       ).dequeue()
         sess = v1.Session(server.target, config=config)
 
