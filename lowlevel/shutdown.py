@@ -111,7 +111,8 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
             [StopPsHook(channel, preempted)])
 
 
-def _queue(name: str, device: str, capacity: int = 1024):
+def queue(name: str, device: str, capacity: int = 1024):
+    """An int32 FIFO queue in `device`'s resource manager, shared by `name` across graphs."""
     with v1.device(device):
         return v1.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=name,
                             name=name.replace("/", "_"))
@@ -127,10 +128,10 @@ class ShutdownChannel:
     def __init__(self, num_ps: int):
         self.num_ps = num_ps
         self._task_index = v1.placeholder(tf.int32, [], name="shutdown_task_index")
-        done = _queue("lowlevel/workers_done", ps_device(0))
+        done = queue("lowlevel/workers_done", ps_device(0))
         self._report_done = done.enqueue(self._task_index)
         self._next_done = done.dequeue()
-        self._stop_ps = [_queue(f"lowlevel/stop_ps{k}", ps_device(k)).enqueue(0)
+        self._stop_ps = [queue(f"lowlevel/stop_ps{k}", ps_device(k)).enqueue(0)
                          for k in range(num_ps)]
 
     def report_done(self, sess, task_index: int) -> None:
@@ -273,7 +274,7 @@ def run_std_server(server, task: Task, config=None) -> int:
     start_time = time.monotonic()
     stopped = threading.Event()
     with tf.Graph().as_default():
-        wait = _queue(f"lowlevel/stop_ps{task.task_index}", ps_device(task.task_index)
+        wait = queue(f"lowlevel/stop_ps{task.task_index}", ps_device(task.task_index)
                       ).dequeue()
         sess = v1.Session(server.target, config=config)
 

@@ -42,7 +42,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import events
+from lowlevel import events, shutdown
 
 v1 = tf.compat.v1
 
@@ -66,10 +66,7 @@ class StartBarrier:
 
     def __init__(self, global_step, ps0_device: str):
         self._replica = v1.placeholder(tf.int32, [], name="start_replica_index")
-        with v1.device(ps0_device):
-            queue = v1.FIFOQueue(1024, [tf.int32], shapes=[[]],
-                                 shared_name="lowlevel/workers_ready",
-                                 name="lowlevel_workers_ready")
+        queue = shutdown.queue("lowlevel/workers_ready", ps0_device)
         self._report = queue.enqueue(self._replica)
         self._next = queue.dequeue()
         self._step = global_step.read_value()
