@@ -160,7 +160,9 @@ class StartTogetherHook(v1.train.SessionRunHook):
             session, self._waiting_for, self._wait_secs, self._preempted)
         waited = time.monotonic() - started
         missing = [name for _, name in sorted(self._waiting_for.items())]
-        if missing and not self._preempted.is_set():
+        if self._preempted.is_set():
+            logging.info("chief: stopped waiting for the workers after %.2f s: preempted", waited)
+        elif missing:
             logging.warning("chief: %s not ready after %.0f s; starting without them (a worker "
                             "that joins later starts with fresh optimizer state)",
                             ", ".join(missing), waited)
