@@ -65,7 +65,8 @@ RATIOS = {
 OVERHEAD = 1.06  # bytes on the wire per byte of tensor: Ethernet/IP/TCP, gRPC framing
 
 
-def expected_steps_per_sec(cfg: _configs.Config, bits: int, period: int) -> float:
+def expected_steps_per_sec(cfg: _configs.Config, bits: int, period: int,
+                           batch_size: int) -> float:
     """Local steps/s per worker: the prior of `_configs`, or the link's cap if lower.
 
     The cap: a step moves `analytic_bytes` over the busiest link (the ps's, shared by
@@ -74,7 +75,7 @@ def expected_steps_per_sec(cfg: _configs.Config, bits: int, period: int) -> floa
     """
     prior = _configs.PRIOR_STEPS_PER_SEC["comm_reduced" if cfg.mode == "comm_reduced"
                                          else cfg.trainer]
-    wire = _configs.analytic_bytes(cfg, period) * max(1, cfg.num_workers) * OVERHEAD
+    wire = _configs.analytic_bytes(cfg, period, batch_size) * max(1, cfg.num_workers) * OVERHEAD
     cap = bits / 8 / wire if wire else float("inf")
     return min(prior * min(1.0, (_configs.REF_PARAMS / cfg.params) ** 0.8), cap)
 
@@ -293,7 +294,7 @@ def _rounds(rates, local, linked, total, runs, result, out, describe) -> None:
             bits = _links.parse_rate(rate) if rate != "none" else 10**12
             key = (cfg.key, rate)
             warmup, steps = plan(measured.get(key) or expected_steps_per_sec(
-                cfg, bits, FLAGS.communication_period), FLAGS.warmup_secs,
+                cfg, bits, FLAGS.communication_period, FLAGS.batch_size), FLAGS.warmup_secs,
                 FLAGS.measure_secs, FLAGS.warmup_steps)
             workdir = os.path.join(out, "runs", f"{count:03d}-{cfg.name}-"
                                    f"{cfg.mode.replace('/', '')}-{rate}")

@@ -190,7 +190,7 @@ class Bench:
                     hidden_units=list(cfg.hidden), params=cfg.params,
                     batch_size=FLAGS.batch_size, dataset=cfg.dataset, round=rnd,
                     bytes_per_step_analytic=_configs.analytic_bytes(
-                        cfg, FLAGS.communication_period))
+                        cfg, FLAGS.communication_period, FLAGS.batch_size))
         if cfg.mode == "comm_reduced" and self.comm_reduced_skip:
             run = dict(base, ok=False, skipped=self.comm_reduced_skip)
             self.runs.append(run)

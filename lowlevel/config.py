@@ -248,6 +248,12 @@ class TrainConfig:
         "or model averaging (--sync); K times fewer bytes per step; see "
         "lowlevel/local_sgd.py for what it trades. 1: exact, every step reads the "
         "parameters and pushes its gradients.", minimum=1)
+    ps_products: bool = _field(
+        True, "Exact mode: compute a dense layer's weight gradient (and the first layer's "
+        "forward product) on the ps that holds its kernel when that moves fewer bytes than "
+        "the kernel does (Project Adam; lowlevel/ps_products.py). false: every product on "
+        "the worker, for a ps whose CPU, not its network, is the bound. A GPU worker keeps "
+        "its products.")
     warmup_steps: int = _field(
         20, "Each task's first local steps, left out of the step times in "
         "<output_dir>/tasks/<task>.json.", minimum=0)

@@ -1,6 +1,6 @@
 """The exact training step: every step reads the parameters and pushes its gradients.
 
-Two things make it cheaper than the textbook step without changing a number
+Three things make it cheaper than the textbook step without changing a number
 it computes:
 
 - Small variables travel together. Each tensor that crosses between a worker
@@ -11,6 +11,9 @@ it computes:
   split on the worker, and their gradients go back as one flat tensor, split
   on the ps. (Fusing the large kernels as well only adds copies: measured,
   benchmarks/NOTES.md.)
+- Large kernels move less: `lowlevel.ps_products` computes a dense layer's
+  weight gradient, and the first layer's forward product, on the kernel's ps
+  when that moves fewer bytes than the kernel does.
 - The async step reserves its number first (`counted_update`), so a run ends
   at exactly `--train_steps`, and its result and the optimizer's constants
   live on global_step's ps (no learning rate sent to the ps every step).

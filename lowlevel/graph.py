@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from lowlevel import data as data_lib
 from lowlevel import (checkpoints, evaluation, exact, hooks, local_sgd, models, placement,
-                      probes, shutdown, start)
+                      probes, ps_products, shutdown, start)
 from lowlevel import progress as progress_lib
 from lowlevel.cluster import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -197,12 +197,17 @@ def _in_process_step(config, model_fn, images, labels, opt, global_step) -> _Ste
 
 def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
                 worker_device: str, probe_inputs) -> _Step:
-    """The exact mode: small variables travel together (`lowlevel.exact`); async or sync."""
+    """The exact mode: small variables travel together (`lowlevel.exact`), dense layers'
+    products run where they move fewest bytes (`lowlevel.ps_products`); async or sync."""
     model_fn(probe_inputs())  # creates the variables
     small = exact.SmallVariables(v1.trainable_variables(), worker_device)
     small.pull()
-    with v1.variable_scope(v1.get_variable_scope(), custom_getter=small):
-        loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+    # A GPU worker keeps its products: a ps CPU would compute them far slower.
+    on_ps = config.ps_products and "GPU" not in worker_device.upper()
+    with v1.variable_scope(v1.get_variable_scope(), custom_getter=small), \
+            ps_products.placed(on_ps):
+        logits = model_fn(images)
+    loss, accuracy = models.loss_and_accuracy(logits, labels)
     grads = small.gradients(loss, v1.trainable_variables())
     if not mode.sync:
         return _Step(loss, accuracy,

@@ -1,0 +1,120 @@
+"""Dense layers' products on the ps (`lowlevel.ps_products`): the cost model, where the
+exact graph puts each product, and a real 1 ps + 1 worker cluster training the same
+model with them as without them. (The bytes they save are measured on the wire by
+tests/test_throughput.py against `mlp_step_floats`.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lowlevel import data as data_lib
+from lowlevel import graph as graph_lib
+from lowlevel import ps_products
+from lowlevel.cluster import ClusterFlags, from_flags
+from lowlevel.config import TrainConfig
+
+v1 = tf.compat.v1
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PS = "/job:ps/task:0/device:CPU:0"
+
+
+def test_cost_model_picks_the_fewest_floats():
+    # 784 x 512 first layer, batch 128: forward (x there, y back, dy there) beats the
+    # kernel's read and push (2 n m) and the weight gradient alone (n m + B (n + m))
+    assert ps_products.choose(128, 784, 512, input_needs_gradient=False) == (
+        ps_products.FORWARD, 128 * (784 + 2 * 512))
+    # a hidden layer cannot compute forward on the ps (the worker needs W for dy @ W^T)
+    assert ps_products.choose(128, 512, 512, True) == (
+        ps_products.WEIGHT_GRADIENT, 512 * 512 + 128 * 1024)
+    # ... and its input may be there already (a forward layer's output)
+    assert ps_products.choose(128, 512, 512, True, input_on_ps=True)[1] == 512 * 512 + 128 * 512
+    # narrow kernels and large batches stay classic
+    assert ps_products.choose(128, 784, 10, False) == (ps_products.CLASSIC, 2 * 784 * 10)
+    assert ps_products.choose(4096, 512, 512, True)[0] == ps_products.CLASSIC
+    # the benchmark's MLP: 5.36 MB a step classic, 2.29 MB with the products on the ps
+    classic = 2 * (784 * 512 + 512 * 512 + 512 * 10 + 512 + 512 + 10)
+    floats = ps_products.mlp_step_floats([784, 512, 512, 10], 128, small_floats=16384)
+    assert floats == 128 * (784 + 2 * 512) + 512 * 512 + 128 * 512 + 2 * 512 * 10 + 2 * 1034
+    assert floats * 4 == pytest.approx(2.285e6, rel=1e-3) and floats < 0.45 * classic
+
+
+def _exact_graph(ps_products_on: bool, worker_gpu: int = 0):
+    cluster, task = from_flags(ClusterFlags("127.0.0.1:1000", "127.0.0.1:2000", "worker", 0))
+    config = TrainConfig(model="mlp", dataset="synthetic", hidden_units=(512, 512),
+                         batch_size=128, ps_products=ps_products_on)
+    data = data_lib.load_for(config)
+    return graph_lib.build(config, data, cluster, task, worker_gpu).graph
+
+
+def _op(graph, name):
+    return graph.get_operation_by_name(name)
+
+
+def _weight_gradient(graph, layer):
+    """The MatMul that computes `layer`'s kernel gradient (its input's transpose times dy)."""
+    ops = [op for op in graph.get_operations() if op.type == "MatMul" and
+           op.name.startswith(f"gradients/model_1/{layer}/MatMul_grad/") and
+           op.get_attr("transpose_a")]
+    assert len(ops) == 1, [op.name for op in ops]
+    return ops[0]
+
+
+def test_the_exact_graph_computes_the_chosen_products_on_the_ps():
+    graph = _exact_graph(True)
+    # the first layer: forward, its bias and activation follow; its weight gradient too
+    for name in ("model_1/hidden0/MatMul", "model_1/hidden0/BiasAdd", "model_1/hidden0/Relu"):
+        assert _op(graph, name).device == PS, name
+    assert _weight_gradient(graph, "hidden0").device == PS
+    # nothing on the worker reads the first kernel in the step (model/ is the probe build)
+    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and
+             op.inputs[0].op.name == "model/hidden0/kernel"]
+    users = [c for r in reads for c in r.outputs[0].consumers()
+             if c.name.startswith("model_1/") or c.name.startswith("gradients/")]
+    assert users and all(c.device == PS for c in users), [(c.name, c.device) for c in users]
+    # the second layer: forward on the worker, weight gradient on the ps
+    assert _op(graph, "model_1/hidden1/MatMul").device.startswith("/job:worker/task:0")
+    assert _weight_gradient(graph, "hidden1").device == PS
+    # the last kernel (512 x 10, 20 KB) travels fused with the biases: classic
+    assert _weight_gradient(graph, "logits").device.startswith("/job:worker/task:0")
+
+    # --ps_products=false, or a GPU worker (a ps CPU would compute far slower): all on it
+    for off, device in ((_exact_graph(False), "/job:worker/task:0/device:CPU:0"),
+                        (_exact_graph(True, worker_gpu=1), "/job:worker/task:0/device:GPU:0")):
+        for layer in ("hidden0", "hidden1", "logits"):
+            assert _op(off, f"model_1/{layer}/MatMul").device == device
+            assert _weight_gradient(off, layer).device == device
+
+
+def _train(out, *flags):
+    done = subprocess.run(
+        [sys.executable, "-m", "lowlevel.launch", "--num_ps=1", "--num_workers=1",
+         "--no_isolation", "--model=mlp", "--dataset=synthetic", "--hidden_units=512,512",
+         "--batch_size=128", "--train_steps=300", "--seed=3", "--save_checkpoint_steps=100",
+         f"--output_dir={out}", *flags], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.cluster
+def test_a_real_cluster_trains_the_same_model_with_the_products_on_the_ps(tmp_path):
+    on_log = _train(tmp_path / "on")
+    _train(tmp_path / "off", "--ps_products=false")
+    assert "model_1/hidden0/MatMul: forward on /job:ps/task:0" in on_log
+    assert "model_1/hidden1/MatMul: weight_gradient on /job:ps/task:0" in on_log
+    on, off = (tf.train.load_checkpoint(str(tmp_path / d)) for d in ("on", "off"))
+    assert on.get_tensor("global_step") == off.get_tensor("global_step") == 300
+    first = tf.train.load_checkpoint(str(tmp_path / "on" / "model.ckpt-100"))
+    for name in ("model/hidden0/kernel", "model/hidden1/kernel", "model/logits/kernel",
+                 "model/hidden0/bias"):
+        a, b = on.get_tensor(name), off.get_tensor(name)
+        # the same ops on the same batches; only their device (and thread count) differ.
+        # Bitwise equal on the 2-core machine of benchmarks/NOTES.md; a matmul split
+        # differently over threads elsewhere may round differently.
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=name)
+        # ... and the 200 steps between did train it, by far more than that
+        assert np.abs(a - first.get_tensor(name)).max() > 1e-3, name
