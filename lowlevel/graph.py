@@ -214,11 +214,12 @@ def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
                      exact.counted_update(opt, grads, global_step, config.train_steps))
     sync_opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=mode.replicas,
                                               total_num_replicas=mode.num_workers)
-    update = sync_opt.apply_gradients(grads, global_step=global_step)
-    # The step read after the update lets a worker stop as soon as the last step
-    # is done (only the chief's sync loop moves it).
-    with tf.control_dependencies([update]):
-        train_op = global_step.read_value()
+    # The step's value is the token it took, which the chief's sync op fills with the
+    # global step after its update: a worker stops as soon as the last step is done
+    # (only the sync op moves global_step). Not a read of global_step after the token:
+    # that costs two more hops (the token's assign on the worker, then a control edge
+    # back to the ps and the value out again), ~0.6 ms a step (benchmarks/NOTES.md).
+    train_op = tf.identity(sync_opt.apply_gradients(grads, global_step=global_step))
     return _Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
 
 
