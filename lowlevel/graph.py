@@ -199,11 +199,16 @@ def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
                 worker_device: str, probe_inputs) -> _Step:
     """The exact mode: small variables travel together (`lowlevel.exact`), dense layers'
     products run where they move fewest bytes (`lowlevel.ps_products`); async or sync."""
+    graph = v1.get_default_graph()
+    first = len(graph.get_operations())
     model_fn(probe_inputs())  # creates the variables
-    small = exact.SmallVariables(v1.trainable_variables(), worker_device)
-    small.pull()
     # A GPU worker keeps its products: a ps CPU would compute them far slower.
     on_ps = config.ps_products and "GPU" not in worker_device.upper()
+    on_ps_only = (ps_products.forward_layer_variables(graph.get_operations()[first:],
+                                                      config.batch_size) if on_ps else set())
+    small = exact.SmallVariables([v for v in v1.trainable_variables()
+                                  if v.op.name not in on_ps_only], worker_device)
+    small.pull()
     with v1.variable_scope(v1.get_variable_scope(), custom_getter=small), \
             ps_products.placed(on_ps):
         logits = model_fn(images)

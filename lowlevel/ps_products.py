@@ -22,8 +22,9 @@ many workers on other machines); a GPU worker keeps it (`lowlevel.graph`).
 
 A forward layer's bias and activation follow its product to the ps, which
 sends back the layer's output; the next layer's weight gradient then finds its
-input there. For the benchmark's MLP (784-512-512-10, batch 128) a step moves
-2.29 MB instead of 5.36 MB (measured: benchmarks/NOTES.md): the first layer
+input there, and its bias is read and updated there, never fused with the small
+variables (`forward_layer_variables`). For the benchmark's MLP (784-512-512-10,
+batch 128) a step moves 2.28 MB instead of 5.36 MB (benchmarks/NOTES.md): the first layer
 forward, the second weight_gradient, the last (512 x 10, fused with the
 biases by `lowlevel.exact`) classic. A partitioned kernel (sharded over ps
 tasks) is read as one concatenated tensor on the worker and stays classic.
@@ -76,14 +77,15 @@ def mlp_step_floats(widths, batch: int, small_floats: int = 0) -> int:
 
     Both directions. A kernel of at most `small_floats` travels with the biases
     (`exact.SmallVariables`, classic); the others by `choose`, where the output of
-    a forward layer is computed on the ps and its next layer's input is there.
+    a forward layer is computed on the ps (its bias never travels) and its next
+    layer's input is there.
     """
     total, on_ps = 0, False
     for i, (n, m) in enumerate(zip(widths[:-1], widths[1:])):
         kind, floats = ((CLASSIC, 2 * n * m) if n * m <= small_floats else
                         choose(batch, n, m, input_needs_gradient=i > 0, input_on_ps=on_ps))
-        total += floats + 2 * m
         on_ps = kind == FORWARD
+        total += floats + (0 if on_ps else 2 * m)  # a forward layer's bias stays on the ps
     return total
 
 
@@ -105,32 +107,76 @@ def placed(enabled: bool = True):
         yield
 
 
+def forward_layer_variables(ops, batch: int) -> set:
+    """Names of the variables that a forward layer's bias and activation read on the ps.
+
+    `ops`: a build of the model outside `placed` (the one that creates its
+    variables), in creation order; `batch`: the training batch, B. The exact
+    step must not fuse these (`exact.SmallVariables`): fused, a forward layer's
+    bias would go ps -> worker -> ps before the layer could start and its
+    gradient back and forth after the step's last product (~0.4 ms a step,
+    benchmarks/NOTES.md); read where they live, they never travel.
+    """
+    on_ps, found = {}, set()
+    for op in ops:
+        if _follow(op, on_ps):
+            found.update(t.op.inputs[0].op.name for t in op.inputs[1:]
+                         if t.op.type == "ReadVariableOp")
+        elif op.type == "MatMul":
+            _decide(op, on_ps, batch)
+    return found
+
+
 def _place(op) -> Optional[str]:
     """A device function: the op's device, or its kernel's ps for a forward layer."""
     on_ps = _ON_PS.setdefault(op.graph, {})
-    if op.type in _FOLLOWERS and op.inputs and op.inputs[0].name in on_ps:
-        # A forward layer's bias and activation follow its product: the ps sends the
-        # layer's output, and the next layer's weight gradient finds its input there.
-        ps = on_ps[op.inputs[0].name]
-        on_ps[op.outputs[0].name] = ps
+    ps = _follow(op, on_ps)
+    if ps:
         return ps
-    if op.type != "MatMul" or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
+    decided = _decide(op, on_ps)
+    if decided is None:
         return op.device
-    x, kernel = op.inputs
-    ps = _ps_of(kernel)
-    if ps is None or not (x.shape.is_fully_defined() and kernel.shape.is_fully_defined()):
-        return op.device
-    (batch, n), m = x.shape.as_list(), kernel.shape[1]
-    kind, floats = choose(batch, n, m, _reads_variables(x), on_ps.get(x.name) == ps)
-    if kind == CLASSIC:
-        return op.device
+    kind, ps, floats, classic = decided
     _CHOSEN.setdefault(op.graph, {})[op.name] = (kind, ps)
     logging.info("%s: %s on %s, %.2f MB a step instead of %.2f MB", op.name, kind, ps,
-                 floats * 4 / 1e6, 2 * n * m * 4 / 1e6)
-    if kind != FORWARD:
-        return op.device
-    on_ps[op.outputs[0].name] = ps
+                 floats * 4 / 1e6, classic * 4 / 1e6)
+    return ps if kind == FORWARD else op.device
+
+
+def _follow(op, on_ps: dict) -> Optional[str]:
+    """The ps of a forward layer's bias or activation (recorded in `on_ps`), else None.
+
+    They follow the layer's product: the ps sends the layer's output, and the
+    next layer's weight gradient finds its input there.
+    """
+    if op.type not in _FOLLOWERS or not op.inputs or op.inputs[0].name not in on_ps:
+        return None
+    ps = on_ps[op.outputs[0].name] = on_ps[op.inputs[0].name]
     return ps
+
+
+def _decide(op, on_ps: dict, batch: Optional[int] = None):
+    """(kind, ps, floats, classic floats) of a MatMul on a whole ps kernel not classic, else None.
+
+    A forward layer's output is recorded in `on_ps`. `batch` overrides the
+    input's first dimension.
+    """
+    if op.type != "MatMul" or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
+        return None
+    x, kernel = op.inputs
+    ps = _ps_of(kernel)
+    if ps is None or not (x.shape[1:].is_fully_defined() and kernel.shape.is_fully_defined()):
+        return None
+    if batch is None and x.shape[0] is None:
+        return None
+    n, m = kernel.shape.as_list()
+    kind, floats = choose(batch or x.shape[0], n, m, _reads_variables(x),
+                          on_ps.get(x.name) == ps)
+    if kind == CLASSIC:
+        return None
+    if kind == FORWARD:
+        on_ps[op.outputs[0].name] = ps
+    return kind, ps, floats, 2 * n * m
 
 
 def _ps_of(kernel) -> Optional[str]:

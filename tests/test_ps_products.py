@@ -39,8 +39,9 @@ def test_cost_model_picks_the_fewest_floats():
     # the benchmark's MLP: 5.36 MB a step classic, 2.29 MB with the products on the ps
     classic = 2 * (784 * 512 + 512 * 512 + 512 * 10 + 512 + 512 + 10)
     floats = ps_products.mlp_step_floats([784, 512, 512, 10], 128, small_floats=16384)
-    assert floats == 128 * (784 + 2 * 512) + 512 * 512 + 128 * 512 + 2 * 512 * 10 + 2 * 1034
-    assert floats * 4 == pytest.approx(2.285e6, rel=1e-3) and floats < 0.45 * classic
+    # (the first layer's bias stays on the ps; the others travel both ways)
+    assert floats == 128 * (784 + 2 * 512) + 512 * 512 + 128 * 512 + 2 * 512 * 10 + 2 * 522
+    assert floats * 4 == pytest.approx(2.281e6, rel=1e-3) and floats < 0.45 * classic
 
 
 def _exact_graph(ps_products_on: bool, worker_gpu: int = 0):
@@ -76,6 +77,11 @@ def test_the_exact_graph_computes_the_chosen_products_on_the_ps():
     users = [c for r in reads for c in r.outputs[0].consumers()
              if c.name.startswith("model_1/") or c.name.startswith("gradients/")]
     assert users and all(c.device == PS for c in users), [(c.name, c.device) for c in users]
+    # ... nor its bias: not fused with the small variables, read and updated on the ps
+    bias = _op(graph, "model_1/hidden0/BiasAdd").inputs[1].op
+    assert bias.type == "ReadVariableOp" and bias.inputs[0].op.name == "model/hidden0/bias"
+    assert _op(off := _exact_graph(False), "model_1/hidden0/BiasAdd").inputs[1].op.type != \
+        "ReadVariableOp"  # without the products it travels fused, split on the worker
     # the second layer: forward on the worker, weight gradient on the ps
     assert _op(graph, "model_1/hidden1/MatMul").device.startswith("/job:worker/task:0")
     assert _weight_gradient(graph, "hidden1").device == PS
@@ -83,7 +89,7 @@ def test_the_exact_graph_computes_the_chosen_products_on_the_ps():
     assert _weight_gradient(graph, "logits").device.startswith("/job:worker/task:0")
 
     # --ps_products=false, or a GPU worker (a ps CPU would compute far slower): all on it
-    for off, device in ((_exact_graph(False), "/job:worker/task:0/device:CPU:0"),
+    for off, device in ((off, "/job:worker/task:0/device:CPU:0"),
                         (_exact_graph(True, worker_gpu=1), "/job:worker/task:0/device:GPU:0")):
         for layer in ("hidden0", "hidden1", "logits"):
             assert _op(off, f"model_1/{layer}/MatMul").device == device
