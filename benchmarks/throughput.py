@@ -37,7 +37,9 @@ How each figure is measured (units): see benchmarks/_runners.py and _measure.py 
 "Throughput harness" section of benchmarks/NOTES.md. examples/s: sum of the workers' own
 rates after warm-up; step p50/p90: milliseconds; bytes per step: bytes moved between one
 worker and the ps tasks per local step, from the kernel's TCP counters (`ss`), with the
-analytic 2 x 4 x parameters / period beside it; peak RSS: VmHWM per task, MiB; startup:
+analytic 2 x 4 x parameters / period beside it (lowlevel exact with 1 ps: less, its dense
+layers' products on the ps, `lowlevel.ps_products.mlp_step_floats`); peak RSS: VmHWM per
+task, MiB; startup:
 seconds from the first process start to the first step of the last worker; shutdown:
 seconds from the last step to every process gone (null for the references, whose ps
 never exits).
