@@ -108,14 +108,16 @@ def placed(enabled: bool = True):
 
 
 def forward_layer_variables(ops, batch: int) -> set:
-    """Names of the variables that a forward layer's bias and activation read on the ps.
+    """Names of the variables a forward layer reads on the ps: its kernel and bias.
 
     `ops`: a build of the model outside `placed` (the one that creates its
     variables), in creation order; `batch`: the training batch, B. The exact
     step must not fuse these (`exact.SmallVariables`): fused, a forward layer's
     bias would go ps -> worker -> ps before the layer could start and its
     gradient back and forth after the step's last product (~0.4 ms a step,
-    benchmarks/NOTES.md); read where they live, they never travel.
+    benchmarks/NOTES.md), and a fused kernel would not be read where it lives,
+    so the layer would not be forward at all; read where they live, they never
+    travel.
     """
     on_ps, found = {}, set()
     for op in ops:
@@ -123,7 +125,9 @@ def forward_layer_variables(ops, batch: int) -> set:
             found.update(t.op.inputs[0].op.name for t in op.inputs[1:]
                          if t.op.type == "ReadVariableOp")
         elif op.type == "MatMul":
-            _decide(op, on_ps, batch)
+            decided = _decide(op, on_ps, batch)
+            if decided and decided[0] == FORWARD:
+                found.add(op.inputs[1].op.inputs[0].op.name)  # the kernel's handle
     return found
 
 

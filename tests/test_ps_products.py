@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from lowlevel import data as data_lib
 from lowlevel import graph as graph_lib
+from lowlevel import models
 from lowlevel import ps_products
 from lowlevel.cluster import ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
@@ -42,6 +43,24 @@ def test_cost_model_picks_the_fewest_floats():
     # (the first layer's bias stays on the ps; the others travel both ways)
     assert floats == 128 * (784 + 2 * 512) + 512 * 512 + 128 * 512 + 2 * 512 * 10 + 2 * 522
     assert floats * 4 == pytest.approx(2.281e6, rel=1e-3) and floats < 0.45 * classic
+
+
+def _forward_layer_variables(hidden, batch):
+    with tf.Graph().as_default() as g:
+        with v1.device(v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker")):
+            models.build("mlp", tf.zeros([1, 28, 28, 1]), 10, hidden, 0)
+        return ps_products.forward_layer_variables(g.get_operations(), batch)
+
+
+def test_a_forward_layer_keeps_its_kernel_and_bias_out_of_the_fusion():
+    # 784 x 512 at batch 128: forward
+    assert _forward_layer_variables((512, 512), 128) == {"model/hidden0/kernel",
+                                                         "model/hidden0/bias"}
+    # 784 x 8 (25 KB, which exact.SmallVariables would fuse): classic at batch 128,
+    # B (n + 2m) = 102 K floats > 2 n m = 12.5 K; forward at batch 4 (3.2 K), and then the
+    # kernel too must stay out of the fusion, or it would not be read where it lives
+    assert _forward_layer_variables((8,), 128) == set()
+    assert _forward_layer_variables((8,), 4) == {"model/hidden0/kernel", "model/hidden0/bias"}
 
 
 def _exact_graph(ps_products_on: bool, worker_gpu: int = 0):
