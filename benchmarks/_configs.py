@@ -13,7 +13,7 @@ import random
 from typing import Optional
 
 from benchmarks import _report, _runners
-from lowlevel import ps_products
+from lowlevel.modes import ps_products
 
 MAIN = ["local", "classic_1ps1w", "classic_1ps2w", "lowlevel_1ps1w", "lowlevel_1ps2w",
         "lowlevel_2ps2w", "lowlevel_1ps2w_sync", "tf2_pss_1ps1w", "tf2_pss_1ps2w"]
@@ -84,12 +84,12 @@ def analytic_bytes(cfg: Config, period: int, batch_size: int) -> int:
 
     Each exchange moves every variable once each way, 2 x 4 bytes x parameters;
     lowlevel's exact step with one ps moves fewer, its dense layers' products placed by
-    `lowlevel.ps_products` (with more ps tasks the kernels are sharded and stay classic).
+    `lowlevel.modes.ps_products` (with more ps tasks the kernels are sharded and stay classic).
     """
     if cfg.num_ps == 0:
         return 0
     if cfg.trainer == "lowlevel" and cfg.mode == "exact" and cfg.num_ps == 1:
-        # Kernels under lowlevel.exact.SMALL_BYTES (64 KiB) travel with the biases.
+        # Kernels under lowlevel.modes.exact.SMALL_BYTES (64 KiB) travel with the biases.
         return 4 * ps_products.mlp_step_floats([784, *cfg.hidden, 10], batch_size,
                                                small_floats=(64 << 10) // 4)
     return round(8 * cfg.params / (period if cfg.mode == "comm_reduced" else 1))

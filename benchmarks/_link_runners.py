@@ -3,7 +3,7 @@
 `OnHosts(bits)` has the `run_lowlevel`, `run_classic` and `run_tf2_pss` of
 `benchmarks/_runners.py` (same arguments, same run dict), for
 `_configs.run_config(..., runners=OnHosts(bits))`. Each run makes fresh hosts
-(`lowlevel.netns.Hosts`: one network namespace per task, `ps0`, `worker0`, ...,
+(`lowlevel.testing.netns.Hosts`: one network namespace per task, `ps0`, `worker0`, ...,
 `chief` for tf2_pss's coordinator, on one bridge in 198.18.0.0/15), gives every host's
 link `bits`/s each way (`_links.shape`), starts each task on its host listening on
 port 2222 of the host's address (the trainer per task, `--ps_hosts`/`--worker_hosts`
@@ -36,7 +36,7 @@ from typing import Optional
 
 from benchmarks import _reference, _runners
 from benchmarks._links import LinkWatcher, link_rates, shape, wait_until
-from lowlevel import netns
+from lowlevel.testing import netns
 
 PORT = 2222
 

@@ -4,7 +4,7 @@
     python -m benchmarks.throughput --link=10gbit,1gbit,100mbit --out DIR    # the sweep
 
 Every configuration except `local` runs with each task on its own host of
-`lowlevel/netns.py` (a network namespace on a bridge in 198.18.0.0/15) whose link is
+`lowlevel/testing/netns.py` (a network namespace on a bridge in 198.18.0.0/15) whose link is
 limited to the rate both ways (`_links.shape`: tbf on both ends of the host's veth);
 `local` runs once per round in one process with no link. Default configurations:
 local, classic_1ps1w, lowlevel_1ps1w exact and comm_reduced, tf2_pss_1ps1w (1 ps +
@@ -44,8 +44,8 @@ import time
 from absl import app, flags
 
 from benchmarks import _configs, _link_runners, _links, _report, _runners
-from lowlevel import files as lowlevel_files
-from lowlevel import netns
+from lowlevel.outputs import files as lowlevel_files
+from lowlevel.testing import netns
 
 FLAGS = flags.FLAGS
 CONFIGS = ["local", "classic_1ps1w", "lowlevel_1ps1w", "tf2_pss_1ps1w"]

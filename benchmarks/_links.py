@@ -1,4 +1,4 @@
-"""Bandwidth-limited links between the hosts of `lowlevel/netns.py`: rates, shaping, counters.
+"""Bandwidth-limited links between the hosts of `lowlevel/testing/netns.py`: rates, shaping, counters.
 
 A link rate is written as `tc` writes it: a number and a unit, `10gbit`, `1gbit`,
 `100mbit`, `500kbit` (bits per second; `bit`, `kbit`, `mbit`, `gbit`, decimal as
@@ -80,7 +80,7 @@ def _tc(*args: str) -> None:
 def shape(hosts, host: str, bits: int) -> None:
     """Limits `host`'s link to `bits`/s each way (tbf on both ends of its veth).
 
-    `hosts` is a `lowlevel.netns.Hosts`; its veth ends are NAMESPACE+"i" (inside) and
+    `hosts` is a `lowlevel.testing.netns.Hosts`; its veth ends are NAMESPACE+"i" (inside) and
     NAMESPACE+"o" (on the bridge). Raises RuntimeError with tc's message if tc fails.
     """
     s = tbf_settings(bits)
@@ -105,7 +105,7 @@ class LinkWatcher(Watcher):
     """A `_measure.Watcher` that counts bytes on the hosts' links instead of with `ss`.
 
     Args:
-      hosts: the `lowlevel.netns.Hosts` of the run.
+      hosts: the `lowlevel.testing.netns.Hosts` of the run.
       host_of: {process name: host}; a worker's samples count every byte of its host's
         link (its host runs nothing else).
 

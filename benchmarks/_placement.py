@@ -7,7 +7,7 @@ model with `variables` ({variable: [bytes, ps index]}), `loads` (bytes per ps),
 `params` and `imbalance` (largest load / mean load).
 
 It builds worker 0's real training graph the way the trainer does
-(`lowlevel.trainer.task_from_flags` / `config_from_flags`, `lowlevel.graph.build`) for
+(`lowlevel.trainer.task_from_flags` / `config_from_flags`, `lowlevel.runtime.graph.build`) for
 a cluster of `--num_ps` ps and 2 workers on unused addresses (nothing connects), and reads
 where each trainable variable landed. So the figure follows whatever placement the runtime
 uses (whole variables, or shards), not a copy of its rule. Every step moves each trainable
@@ -38,11 +38,11 @@ def main(argv) -> int:
         opts[key] = value
     num_ps = int(opts["--num_ps"])
     from lowlevel import trainer  # defines the trainer's flags
-    from lowlevel._tf import import_tensorflow
+    from lowlevel.tf_import import import_tensorflow
     tf = import_tensorflow()
-    from lowlevel import data as data_lib
-    from lowlevel import graph as graph_lib
-    from lowlevel import placement
+    from lowlevel.data import images as data_lib
+    from lowlevel.runtime import graph as graph_lib
+    from lowlevel.runtime import placement
 
     data = data_lib.load("synthetic")
     ps = ",".join(f"127.0.0.1:{1 + k}" for k in range(num_ps))

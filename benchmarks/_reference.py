@@ -1,7 +1,7 @@
 """What the reference trainers (`classic`, `tf2_pss`) share: data, thread counts, the record.
 
 Deliberately independent of `lowlevel` (the references must not inherit its fixes), but
-the data are the same as `lowlevel.data.synthetic()`'s training split: 16,384 uint8
+the data are the same as `lowlevel.data.images.synthetic()`'s training split: 16,384 uint8
 images of MNIST shape (784 pixels, seed 1234) whose labels are the argmax of a fixed
 random linear teacher applied to the centred pixels, so the task is learnable. Models see
 pixels / 255 in [0, 1], as in `lowlevel`.
@@ -20,14 +20,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lowlevel import files
+from lowlevel.outputs import files
 
 NUM_INPUTS = 28 * 28
 NUM_CLASSES = 10
 
 
 def synthetic_train(num_train: int = 16384, seed: int = 1234):
-    """(images uint8 `[N, 784]`, labels int64 `[N]`): `lowlevel.data.synthetic()`'s train split."""
+    """(images uint8 `[N, 784]`, labels int64 `[N]`): `lowlevel.data.images.synthetic()`'s train split."""
     rng = np.random.default_rng(seed)
     teacher = rng.standard_normal((NUM_INPUTS, NUM_CLASSES)).astype(np.float32)
     images = rng.integers(0, 256, size=(num_train, 28, 28, 1), dtype=np.uint8)
@@ -53,7 +53,7 @@ def _machine(host_port: str) -> str:
 
 def thread_counts(training_hosts: Sequence[str], my_host: Optional[str], trains: bool = True,
                   other_hosts: Sequence[str] = ()):
-    """(intra_op, inter_op) as `lowlevel.server.session_config` chooses them.
+    """(intra_op, inter_op) as `lowlevel.runtime.server.session_config` chooses them.
 
     The cores of a machine go to the training tasks on it: intra-op =
     max(1, cores // training tasks on this host); a task that does not train

@@ -223,7 +223,7 @@ def markdown(result: dict) -> str:
              "times: median over workers' percentiles; MB/step: bytes between one worker and "
              "the ps tasks per local step, measured from the kernel's TCP counters "
              "(analytic: 2 x 4 bytes x parameters / communication period; lowlevel exact "
-             "with 1 ps: less, its dense layers' products on the ps, lowlevel/ps_products.py); "
+             "with 1 ps: less, its dense layers' products on the ps, lowlevel/modes/ps_products.py); "
              "peak RSS: VmHWM "
              "of the largest task; startup: first process started to the first step of the "
              "last worker (of which import: until the last task had imported TensorFlow, "

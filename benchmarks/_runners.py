@@ -39,8 +39,9 @@ import psutil
 
 from benchmarks import _reference
 from benchmarks._measure import Watcher, kill_tree
-from lowlevel import events, lifetime
-from lowlevel._tf import skip_keras
+from lowlevel import events
+from lowlevel.ops import lifetime
+from lowlevel.tf_import import skip_keras
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECS = 5.0
@@ -60,7 +61,7 @@ class Procs:
             PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])))
         self.env.pop("TF_CONFIG", None)
         # Every trainer here, lowlevel's and the references, imports TensorFlow without
-        # Keras, which none of them uses (lowlevel/_tf.py: ~3 s of CPU per process).
+        # Keras, which none of them uses (lowlevel/tf_import.py: ~3 s of CPU per process).
         skip_keras(self.env)
         self.launched = time.time()
 

@@ -9,7 +9,7 @@ checkpoint: a run restarted on its own output is part of what is tested).
 While a segment trains, faults come on a random schedule (exponential gaps,
 mean `--mean_fault_interval_secs`): a random task (ps0, the chief worker0,
 worker1, ...) gets SIGKILL (killed by the signal) or SIGTERM (it stops at a safe point
-and exits 143); both are retryable (lowlevel/exit_codes.py) and the launcher restarts it.
+and exits 143); both are retryable (lowlevel/errors.py) and the launcher restarts it.
 One fault at a time: the next waits until the task hit by the last one is back. None
 in a segment's last tenth of steps: the progress a fault is timed by lags the global step
 by up to a log interval, and a fault landing after the last step (seen: at step "3990" of

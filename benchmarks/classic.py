@@ -11,7 +11,7 @@ TensorFlow" how-to of the TF1 era, kept as users wrote it:
   around it with its session hook (`--sync`);
 - input through `feed_dict` of numpy batches (as `mnist.train.next_batch` did): the
   synthetic MNIST-shaped data of `benchmarks/_reference.py`, which equal
-  `lowlevel.data.synthetic()`'s training split, reshuffled per epoch with the task's seed;
+  `lowlevel.data.images.synthetic()`'s training split, reshuffled per epoch with the task's seed;
 - stock `MonitoredTrainingSession` + `StopAtStepHook(last_step=--train_steps)`.
 
 Only two things differ from the textbook, for a fair comparison with `lowlevel`: the
@@ -68,7 +68,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel import lifetime
+from lowlevel.ops import lifetime
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS

@@ -12,12 +12,12 @@ variable, as in TensorFlow's word2vec and wide & deep tutorials):
   ps) and read with `tf.compat.v1.nn.embedding_lookup` (its default "mod" strategy) on the
   raw ids: no deduplication, so a hot id is sent, gathered and updated once per
   occurrence (the gradient `IndexedSlices` carries one row per occurrence);
-- the same model as lowlevel's `--model=wide_deep` (`lowlevel/wide_deep.py`): wide part =
+- the same model as lowlevel's `--model=wide_deep` (`lowlevel/models/wide_deep.py`): wide part =
   a `[rows, 1]` weight table per categorical field and per hashed cross plus a linear
   unit on the dense features; deep part = a `[rows, --embedding_dim]` table per field,
   concatenated with the dense features, ReLU layers of `--hidden_units`, one linear unit;
   logit = wide + deep; sigmoid cross-entropy; `AdagradOptimizer` (async);
-- the same data: `lowlevel.ctr_data.synthetic_ctr(--vocab_size, --hash_buckets)`'s
+- the same data: `lowlevel.data.ctr.synthetic_ctr(--vocab_size, --hash_buckets)`'s
   training split, fed as numpy batches through `feed_dict`, reshuffled per epoch with the
   task's seed;
 - stock `MonitoredTrainingSession` + `StopAtStepHook(last_step=--train_steps)`.
@@ -45,7 +45,8 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel import ctr_data, lifetime
+from lowlevel.data import ctr as ctr_data
+from lowlevel.ops import lifetime
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -56,7 +57,7 @@ flags.DEFINE_string("worker_hosts", "", "Comma-separated host:port of the worker
 flags.DEFINE_string("job_name", None, "ps or worker.")
 flags.DEFINE_integer("task_index", 0, "Index of this task within its job.")
 flags.DEFINE_integer("vocab_size", 10_000_000, "Rows of the 26 field tables in all "
-                     "(`lowlevel.ctr_data.synthetic_ctr`).")
+                     "(`lowlevel.data.ctr.synthetic_ctr`).")
 flags.DEFINE_integer("hash_buckets", 10000, "Rows of each cross's wide table.")
 flags.DEFINE_integer("embedding_dim", 16, "Width of each field's embedding.")
 flags.DEFINE_integer("num_partitions", 2, "Shards of every table (fixed_size_partitioner).")

@@ -1,7 +1,7 @@
 """The sparse suite of `benchmarks.throughput` (`--suite=sparse`; short in `--quick`).
 
-The wide & deep click-through model (`lowlevel/wide_deep.py`) on Criteo-shaped synthetic
-clicks (`lowlevel.ctr_data.synthetic_ctr`), `--sparse_vocab_size` rows over the 26 fields
+The wide & deep click-through model (`lowlevel/models/wide_deep.py`) on Criteo-shaped synthetic
+clicks (`lowlevel.data.ctr.synthetic_ctr`), `--sparse_vocab_size` rows over the 26 fields
 (10 M x 16 floats: 640 MB of deep tables, 40 MB of wide ones, and as much again
 of Adagrad accumulators), 2 ps + 2 workers, async Adagrad 0.1, batch 256, side by side:
 
@@ -43,7 +43,7 @@ import numpy as np
 from benchmarks import _runners
 from benchmarks._sparse_report import (  # noqa: F401 (the suite's report, re-exported)
     TARGETS, TRAINERS, aggregate, markdown, ratios, targets)
-from lowlevel import ctr_data
+from lowlevel.data import ctr as ctr_data
 
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel import lifetime
+from lowlevel.ops import lifetime
 
 FLAGS = flags.FLAGS
 

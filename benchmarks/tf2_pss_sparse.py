@@ -3,7 +3,7 @@ second reference.
 
 The sparse counterpart of `benchmarks/tf2_pss.py` (same roles, flags, threads, record and
 measurement; see there), on the model and data of `benchmarks/classic_sparse.py`
-(lowlevel's `--model=wide_deep` on `lowlevel.ctr_data.synthetic_ctr`), written the TF2
+(lowlevel's `--model=wide_deep` on `lowlevel.data.ctr.synthetic_ctr`), written the TF2
 way after the "Parameter server training with ParameterServerStrategy" tutorial:
 
 - `ParameterServerStrategy(resolver, variable_partitioner=
@@ -31,7 +31,7 @@ import math
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel import lifetime
+from lowlevel.ops import lifetime
 
 FLAGS = flags.FLAGS
 
@@ -108,7 +108,7 @@ def build_model(tf, strategy, field_sizes, num_crosses, num_dense):
 
 
 def run_chief(tf, cluster_spec, num_workers):
-    from lowlevel import ctr_data
+    from lowlevel.data import ctr as ctr_data
     ref.wait_for_ports(cluster_spec.as_dict()["ps"] + cluster_spec.as_dict()["worker"])
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         cluster_spec, task_type="chief", task_id=0, rpc_layer="grpc")

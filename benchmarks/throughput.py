@@ -7,7 +7,7 @@
 
 Everything runs on this machine, one configuration at a time, on the same data, model and
 batch: MLP 784-512-512-10 (0.67 M parameters), batch 128 per worker step, the synthetic
-MNIST-shaped data of `lowlevel.data.synthetic()` (= `benchmarks/_reference.py`), Adagrad
+MNIST-shaped data of `lowlevel.data.images.synthetic()` (= `benchmarks/_reference.py`), Adagrad
 with learning rate 0.1.
 
 Configurations (`--configs`; a name may end in `:exact` or `:comm_reduced`):
@@ -38,7 +38,7 @@ How each figure is measured (units): see benchmarks/_runners.py and _measure.py 
 rates after warm-up; step p50/p90: milliseconds; bytes per step: bytes moved between one
 worker and the ps tasks per local step, from the kernel's TCP counters (`ss`), with the
 analytic 2 x 4 x parameters / period beside it (lowlevel exact with 1 ps: less, its dense
-layers' products on the ps, `lowlevel.ps_products.mlp_step_floats`); peak RSS: VmHWM per
+layers' products on the ps, `lowlevel.modes.ps_products.mlp_step_floats`); peak RSS: VmHWM per
 task, MiB; startup:
 seconds from the first process start to the first step of the last worker; shutdown:
 seconds from the last step to every process gone (null for the references, whose ps
@@ -69,7 +69,7 @@ from typing import Optional
 from absl import app, flags
 
 from benchmarks import _configs, _linkbench, _report, _runners, sparse
-from lowlevel import files as lowlevel_files
+from lowlevel.outputs import files as lowlevel_files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_boolean("quick", False, "Short runs of the configurations the targets need, 1 "
@@ -143,7 +143,7 @@ sparse.define_flags(flags)
 # async, exact: 0.66-0.97), the accuracy check at the trainer's default length with two
 # seeds (one seed moved the comm_reduced drop between 0.1 and 0.8 points). Every run
 # starts its processes afresh, and TensorFlow's import costs each ~3.5 s of CPU here
-# (without Keras, lowlevel/_tf.py; ~7 s with it): ~60 process starts are most of the run.
+# (without Keras, lowlevel/tf_import.py; ~7 s with it): ~60 process starts are most of the run.
 QUICK = {"repeats": 1, "headline_repeats": 3, "measure_secs": 2.5, "min_steps": 50,
          "sweep_widths": [], "accuracy_steps": 2000, "accuracy_seeds": ["0", "1"],
          "configs": ["local", "lowlevel_1ps1w", "lowlevel_1ps2w", "lowlevel_1ps2w_sync",

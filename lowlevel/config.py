@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 MODELS = ("softmax", "mlp", "cnn", "wide_deep")
 DATASETS = ("digits", "mnist", "synthetic", "movielens", "synthetic_ctr")
-# The data sets of the click-through model (`lowlevel.ctr_data`); the others are images.
+# The data sets of the click-through model (`lowlevel.data.ctr`); the others are images.
 CTR_DATASETS = ("movielens", "synthetic_ctr")
 OPTIMIZERS = ("adagrad", "sgd", "momentum", "adam")
 
@@ -229,7 +229,7 @@ class TrainConfig:
         30.0, "Communication-reduced async mode (--communication_period > 1): at the start "
         "of a fresh run the chief waits this long at most for every worker to be ready, so "
         "that all start together (a worker joining a trained model late starts with fresh "
-        "optimizer state and can throw it off: lowlevel/start.py); 0: no wait.", minimum=0)
+        "optimizer state and can throw it off: lowlevel/runtime/start.py); 0: no wait.", minimum=0)
     sync_timeout_secs: float = _seconds(
         30.0, "Sync mode: how long one step may wait for gradients before the chief logs "
         "which workers do not answer (it keeps waiting; the step completes when they are "
@@ -246,12 +246,12 @@ class TrainConfig:
     communication_period: int = _field(
         1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
         "or model averaging (--sync); K times fewer bytes per step; see "
-        "lowlevel/local_sgd.py for what it trades. 1: exact, every step reads the "
+        "lowlevel/modes/local_sgd.py for what it trades. 1: exact, every step reads the "
         "parameters and pushes its gradients.", minimum=1)
     ps_products: bool = _field(
         True, "Exact mode: compute a dense layer's weight gradient (and the first layer's "
         "forward product) on the ps that holds its kernel when that moves fewer bytes than "
-        "the kernel does (Project Adam; lowlevel/ps_products.py). false: every product on "
+        "the kernel does (Project Adam; lowlevel/modes/ps_products.py). false: every product on "
         "the worker, for a ps whose CPU, not its network, is the bound. A GPU worker keeps "
         "its products.")
     warmup_steps: int = _field(

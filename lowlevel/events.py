@@ -23,7 +23,7 @@ and, per event (fields after the colon):
   "initialised", "restored" or "adopted"; worker: "ready"), `restored_step`
   (int, when restored, else null).
 - `start_barrier`: the chief of a fresh communication-reduced async run
-  waited for the other workers to be ready (`lowlevel.start`):
+  waited for the other workers to be ready (`lowlevel.runtime.start`):
   `waited_secs` (float), `missing` (list of "worker1 at host:port" that were
   not ready within `--start_wait_secs`: they join late).
 - `progress`: every `--log_every_secs`, from a step: `loss` (float, the
@@ -32,13 +32,13 @@ and, per event (fields after the colon):
 - `checkpoint_saved`: the chief saved a checkpoint: `path` (file name,
   "model.ckpt-<step>"), `emergency` (bool: saved from the signal thread).
 - `checkpoint_failed`: a checkpoint save failed (a full or read-only
-  `--output_dir`; `lowlevel.storage`): `directory` (str), `error` (str, the
+  `--output_dir`; `lowlevel.outputs.storage`): `directory` (str), `error` (str, the
   OS error: "No space left on device (ENOSPC)"), `failures` (int, in a row),
   `removed` (list of the partial files removed), `final` (bool: the save at
   the end of training). Written only if the events file can still be
   written (a full disk may have room for a line, not for a checkpoint).
 - `fault_noticed`: a session was lost (a task failed), an exchange with the
-  ps failed, a run passed `--step_timeout_secs` (`lowlevel.faults`), or a sync
+  ps failed, a run passed `--step_timeout_secs` (`lowlevel.runtime.faults`), or a sync
   step waited `--sync_timeout_secs`: `error` (str), `missing` (sync and
   timed-out runs: list of "name at host:port" that do not answer),
   `waited_secs` (timed-out runs: the outage so far, float seconds).

@@ -5,9 +5,9 @@
     python -m lowlevel.launch --evaluator     # plus an evaluator (continuous_eval)
 
 Each task is `python -m lowlevel.trainer` on a free loopback port, forked from the
-launcher once it has imported TensorFlow (`lowlevel.forking`; `--nofork`: a process
+launcher once it has imported TensorFlow (`lowlevel.ops.forking`; `--nofork`: a process
 of its own), by default inside a private network namespace with only loopback
-(`lowlevel.isolation`; `--no_isolation` to opt out): no other host or process
+(`lowlevel.ops.isolation`; `--no_isolation` to opt out): no other host or process
 can connect to a task's server, which would run any graph it is sent;
 every trainer flag given here is passed on to every task. Output is prefixed
 with the task's name (`[ps0]`, `[worker1]`); on a terminal one live progress
@@ -18,14 +18,14 @@ The live line is fed by the chief's `progress` events
 
 Exit status: 0 when every task exited 0; 2 for a usage error (one line on
 stderr). With `--max_restarts=N` a task that ends with a retryable status
-(killed or stopped by a signal, or status 200: `lowlevel.exit_codes`) is
+(killed or stopped by a signal, or status 200: `lowlevel.errors`) is
 started again with the same flags, up to N times, and every restart is
 reported. A task that exits 1-127 (a permanent failure or a usage error), or a
 retryable one with its restarts used up, fails the run: the launcher names it,
 stops the others and exits 1.
 Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
 SIGTERM should the launcher itself die, even by SIGKILL (Linux
-`PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.lifetime`), so no
+`PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.ops.lifetime`), so no
 orphan is left behind.
 """
 
@@ -39,10 +39,11 @@ import time
 import portpicker
 from absl import app, flags
 
-from lowlevel import forking, isolation
+from lowlevel.ops import forking
+from lowlevel.ops import isolation
 from lowlevel import trainer  # defines the trainer flags passed on
 from lowlevel.config import UsageError, exit_status_main, flags_parser
-from lowlevel.supervisor import Progress, Supervisor, supervise
+from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
@@ -61,7 +62,7 @@ flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own 
                      "namespace or process outside the launcher can reach their servers "
                      "(which run any graph sent to them, with no authentication).")
 flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once it has "
-                     "imported TensorFlow (about 3 s of CPU per task saved: lowlevel.forking); "
+                     "imported TensorFlow (about 3 s of CPU per task saved: lowlevel.ops.forking); "
                      "--nofork starts every task as its own python -m lowlevel.trainer.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")

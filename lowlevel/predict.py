@@ -4,7 +4,7 @@
     python -m lowlevel.predict --export_dir=/tmp/run1/export/2000 --input=images.npy \\
         --output=/tmp/predictions.csv
 
-`--export_dir` is a SavedModel written by `lowlevel.export`, a directory of
+`--export_dir` is a SavedModel written by `lowlevel.outputs.export`, a directory of
 them (`<output_dir>/export`: the newest is used) or a run's `--output_dir`.
 Without `--input` it scores the test split of the data set the model was
 trained on (named in the export's `assets.extra/lowlevel_export.json`), the
@@ -58,7 +58,7 @@ def find_export(path: str) -> str:
     Raises:
       UsageError: none there.
     """
-    from lowlevel import export as export_lib
+    from lowlevel.outputs import export as export_lib
     for candidate in (path, export_lib.export_base(path)):
         if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
             return candidate
@@ -163,9 +163,9 @@ class Model:
     """
 
     def __init__(self, export_dir: str):
-        from lowlevel._tf import import_tensorflow
+        from lowlevel.tf_import import import_tensorflow
         tf = import_tensorflow()
-        from lowlevel import export as export_lib
+        from lowlevel.outputs import export as export_lib
         v1 = tf.compat.v1
         self._graph = tf.Graph()
         self._sess = v1.Session(graph=self._graph)
@@ -210,9 +210,9 @@ def main(argv) -> int:
                          "--output_dir")
     if FLAGS.batch_size <= 0:
         raise UsageError(f"--batch_size={FLAGS.batch_size}: expected a whole number > 0")
-    from lowlevel._tf import import_tensorflow
+    from lowlevel.tf_import import import_tensorflow
     import_tensorflow(verbose=FLAGS.verbosity >= 1)  # first: quietly
-    from lowlevel import export as export_lib
+    from lowlevel.outputs import export as export_lib
     export_dir = find_export(FLAGS.export_dir)
     meta = export_lib.read_metadata(export_dir)
     model = Model(export_dir)
@@ -223,7 +223,7 @@ def main(argv) -> int:
         if not meta.get("dataset"):
             raise UsageError(f"--export_dir={export_dir}: no lowlevel_export.json names its "
                              "data set; give --input")
-        from lowlevel import data as data_lib
+        from lowlevel.data import images as data_lib
         data = data_lib.load(meta["dataset"], FLAGS.data_dir or meta.get("data_dir"))
         images, labels = data.test.images.astype(np.float32), data.test.labels
         source = f"{data.name} test split"

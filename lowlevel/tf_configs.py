@@ -16,7 +16,7 @@ training with several workers and ps tasks (`--workers`, worker 0 being the
 chief). Flags after `--` are passed to every task. `--format=json` prints a
 JSON list of {job, task_index, tf_config, flags, command} for tools.
 
-For Kubernetes the addresses are derived, not given (`lowlevel/k8s.py`):
+For Kubernetes the addresses are derived, not given (`lowlevel/ops/k8s.py`):
 
     lowlevel-make-tf-configs --format=tfjob --name=mnist --image=REGISTRY/lowlevel:0.1.0 \
         --num_ps=2 --num_workers=2 --chief_job --evaluator --output_dir=/output \
@@ -35,8 +35,8 @@ import sys
 
 from absl import app, flags
 
-from lowlevel import k8s
-from lowlevel.cluster import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
+from lowlevel.ops import k8s
+from lowlevel.cluster.spec import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
 from lowlevel.config import UsageError, check_schedule, exit_status_main, flags_parser
 
 FLAGS = flags.FLAGS

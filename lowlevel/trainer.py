@@ -15,7 +15,7 @@ of stdout; an evaluator prints its last evaluation. A ps task exits 0 once the
 chief signals the end of training.
 
 Flags are parsed here, and only here, into a `TrainConfig`. Exit status
-(`lowlevel.exit_codes`): 0 when this task's part of the run is finished, 2 for
+(`lowlevel.errors`): 0 when this task's part of the run is finished, 2 for
 a usage error, 1 for a permanent failure, 128 + N when stopped by signal N at a
 safe point, 200 for a transient failure a restart can fix; every failure is one
 line on stderr naming the value (`--verbosity=1` adds the traceback).
@@ -32,10 +32,10 @@ from typing import Optional
 
 from absl import app, flags, logging
 
-from lowlevel import cluster as cluster_lib
+from lowlevel.cluster import spec as cluster_lib
 from lowlevel import config as config_lib
-from lowlevel import exit_codes
-from lowlevel import tf_config as tf_config_lib
+from lowlevel import errors as exit_codes
+from lowlevel.cluster import tf_config as tf_config_lib
 from lowlevel.config import SCHEDULES, RuntimeFailure, TrainConfig, UsageError
 
 FLAGS = flags.FLAGS
@@ -142,14 +142,15 @@ def main(argv, preemption) -> int:
         ensure_writable(config.output_dir)
     _open_events(config.output_dir, task.name)
 
-    from lowlevel._tf import import_tensorflow
+    from lowlevel.tf_import import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
     from lowlevel import events
     events.emit("started", None, schedule=schedule)
-    from lowlevel import checkpoints
-    from lowlevel import data as data_lib
-    from lowlevel import server as server_lib
-    from lowlevel import shutdown, training
+    from lowlevel.outputs import checkpoints
+    from lowlevel.data import images as data_lib
+    from lowlevel.runtime import server as server_lib
+    from lowlevel.runtime import shutdown
+    from lowlevel.runtime import training
 
     session_config = server = None
     if cluster and not evaluating:
@@ -160,7 +161,7 @@ def main(argv, preemption) -> int:
         return shutdown.run_std_server(server, task, session_config)
     if evaluating:
         data = data_lib.load_for(config)
-        from lowlevel import evaluation
+        from lowlevel.runtime import evaluation
         record = evaluation.continuous_eval(
             config, data, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA,
             tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
@@ -190,7 +191,7 @@ def main(argv, preemption) -> int:
                 shutdown.stop_cluster(server, cluster, session_config,
                                       min(config.startup_timeout_secs, FINISHED_PS_WAIT_SECS))
             metrics = _previous_metrics(config.output_dir, done.step)
-            from lowlevel import export
+            from lowlevel.outputs import export
             export_dir = export.ensure_exported(done.path, done.step, config)
             if export_dir:
                 metrics["export_dir"] = export_dir
@@ -234,7 +235,7 @@ def _error_line(e: BaseException) -> str:
 
 
 def _main_or_exit(argv):
-    from lowlevel.preemption import Preemption
+    from lowlevel.runtime.preemption import Preemption
     preemption = Preemption()  # first: before TensorFlow starts any thread
     try:
         code = main(argv, preemption)
@@ -266,7 +267,7 @@ def _is_runtime_failure(e: BaseException) -> bool:
 
 def run():
     """Console-script entry point."""
-    from lowlevel.lifetime import die_with_parent
+    from lowlevel.ops.lifetime import die_with_parent
     die_with_parent()  # first: a launcher that dies takes its tasks with it
     app.run(_main_or_exit, flags_parser=config_lib.flags_parser("lowlevel.trainer"))
 

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from lowlevel._tf import import_tensorflow  # noqa: E402
+from lowlevel.tf_import import import_tensorflow  # noqa: E402
 
 import_tensorflow()
 
@@ -29,7 +29,7 @@ def hosts_factory():
 
     Skips where namespaces cannot be made (not root, no iproute2).
     """
-    from lowlevel import netns
+    from lowlevel.testing import netns
     reason = netns.unavailable()
     if reason:
         pytest.skip(reason)

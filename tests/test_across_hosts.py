@@ -1,4 +1,4 @@
-"""Runs across hosts: every task on its own host (a network namespace, `lowlevel/netns.py`).
+"""Runs across hosts: every task on its own host (a network namespace, `lowlevel/testing/netns.py`).
 
 The README's three-process flow (1 ps + 2 workers from `--ps_hosts`/`--worker_hosts`),
 each task alone on its host, found by address and by host name, async and sync;

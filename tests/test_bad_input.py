@@ -1,5 +1,5 @@
 """Every mistake in setting up a cluster: one line on stderr naming the value, the right
-exit status (lowlevel.exit_codes: 2 usage, 1 permanent, 200 retryable), no traceback, no hang, and nothing in --output_dir
+exit status (lowlevel.errors: 2 usage, 1 permanent, 200 retryable), no traceback, no hang, and nothing in --output_dir
 damaged. Each row runs the real trainer CLI as a subprocess."""
 
 import gzip

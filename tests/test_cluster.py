@@ -3,10 +3,10 @@ import re
 
 import pytest
 
-from lowlevel import cluster as cluster_lib
-from lowlevel.cluster import Cluster, ClusterFlags, Task, from_flags, parse_hosts
+from lowlevel.cluster import spec as cluster_lib
+from lowlevel.cluster.spec import Cluster, ClusterFlags, Task, from_flags, parse_hosts
 from lowlevel.config import TrainConfig, UsageError, check_schedule
-from lowlevel.tf_config import from_tf_config, resolve
+from lowlevel.cluster.tf_config import from_tf_config, resolve
 
 
 def test_parse_hosts_keeps_order_and_strips_spaces():
@@ -176,7 +176,7 @@ def test_schedule_errors(schedule, job, needle):
 
 
 def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
-    from lowlevel import server
+    from lowlevel.runtime import server
     monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
 
     def threads(cluster, job, index):
@@ -198,7 +198,7 @@ def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
 def test_session_config_lets_only_the_computing_tasks_spin(monkeypatch):
     """Idle pool threads spin before they sleep only where that takes no core a worker
     needs: not with more tasks than cores, not in a ps beside training tasks."""
-    from lowlevel import server
+    from lowlevel.runtime import server
     monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
 
     def spins(cluster, job, index):

@@ -3,8 +3,8 @@ import gzip
 import numpy as np
 import pytest
 
-from lowlevel import data as data_lib
-from lowlevel.data import DataError
+from lowlevel.data import images as data_lib
+from lowlevel.data.images import DataError
 from mnist_files import write_idx_set
 
 

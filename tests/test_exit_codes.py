@@ -1,4 +1,4 @@
-"""The exit-status table (lowlevel/exit_codes.py), row by row: the launcher's restart
+"""The exit-status table (lowlevel/errors.py), row by row: the launcher's restart
 policy as a pure function, and SIGTERM / SIGINT to each role of a real cluster mid-run
 (ps, chief, worker, evaluator) ending with 128 + N. The other rows (a peer that never
 answers or never resolves: 200; a bad flag: 2; a checkpoint of another model, bad data:
@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 import clusters
-from lowlevel import exit_codes
+from lowlevel import errors as exit_codes
 from lowlevel.config import RuntimeFailure, UsageError
-from lowlevel.exit_codes import FAILED, FINISHED, RESTART, decide
+from lowlevel.errors import FAILED, FINISHED, RESTART, decide
 
 STEP = re.compile(r"step (\d+)/\d+ \|")
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import clusters
-from lowlevel import data as data_lib
+from lowlevel.data import images as data_lib
 
 TRAIN_STEPS = 600
 
@@ -171,7 +171,7 @@ def _checkpoints(directory, steps):
     """Checkpoints of the digits MLP (as training writes them) at `steps`; their paths."""
     import tensorflow as tf
 
-    from lowlevel import models
+    from lowlevel.models import catalogue as models
     v1 = tf.compat.v1
     paths = []
     with tf.Graph().as_default():
@@ -189,7 +189,8 @@ def _checkpoints(directory, steps):
 
 @pytest.mark.timeout(120)
 def test_export_keeps_the_newest_and_leaves_nothing_half_written(tmp_path):
-    from lowlevel import checkpoints, export
+    from lowlevel.outputs import checkpoints
+    from lowlevel.outputs import export
     from lowlevel.config import TrainConfig
     digits = data_lib.load_digits()
     paths = _checkpoints(str(tmp_path), [10, 20, 30])

@@ -1,4 +1,4 @@
-"""lowlevel/faults.py and probes.answers, in-process: the deadline's retry, its limit, its words."""
+"""lowlevel/runtime/faults.py and probes.answers, in-process: the deadline's retry, its limit, its words."""
 
 import socket
 import threading
@@ -6,7 +6,8 @@ import threading
 import pytest
 import tensorflow as tf
 
-from lowlevel import faults, probes
+from lowlevel.runtime import faults
+from lowlevel.cluster import probes
 
 
 def listener(reply: bytes | None):

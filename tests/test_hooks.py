@@ -6,7 +6,9 @@ import time
 import pytest
 import tensorflow as tf
 
-from lowlevel import hooks, loop, progress
+from lowlevel.runtime import hooks
+from lowlevel.runtime import loop
+from lowlevel.runtime import progress
 
 v1 = tf.compat.v1
 

@@ -1,4 +1,4 @@
-"""The launcher's cluster is confined to a private network namespace (lowlevel/isolation.py).
+"""The launcher's cluster is confined to a private network namespace (lowlevel/ops/isolation.py).
 
 While a default `python -m lowlevel.launch` run trains, a connection from this
 test's namespace (the host's) to ps0's port on loopback is refused; the same connection made from inside the
@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import clusters
-from lowlevel import isolation
+from lowlevel.ops import isolation
 
 pytestmark = pytest.mark.cluster
 

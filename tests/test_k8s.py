@@ -13,7 +13,7 @@ import yaml
 from kubeflow.training import ApiClient
 
 import clusters
-from lowlevel import k8s
+from lowlevel.ops import k8s
 
 KUBERNETES_VERSION = "1.35.0"  # pinned: a current release kubernetes-validate bundles
 LAYOUT = ["--name=mnist", "--namespace=ml", "--image=registry.example.com/lowlevel:0.1.0",

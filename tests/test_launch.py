@@ -91,7 +91,7 @@ def test_sigterm_stops_every_task(tmp_path):
         assert clusters.task_events(out, "worker0", "progress")
         children = psutil.Process(proc.pid).children()
         assert len(children) == 3
-        # Forked from the launcher (lowlevel.forking), each still shows as its command.
+        # Forked from the launcher (lowlevel.ops.forking), each still shows as its command.
         jobs = sorted(next(a for a in c.cmdline() if a.startswith("--job_name="))
                       for c in children)
         assert jobs == ["--job_name=ps", "--job_name=worker", "--job_name=worker"], jobs
@@ -114,7 +114,7 @@ def test_the_supervisor_relays_every_line_in_order_and_a_last_unended_one():
     """Output is read with a selector, not threads (a fork from a threaded process can
     deadlock): lines split across reads, a final line with no newline, and a task's end
     after its last line."""
-    from lowlevel.supervisor import Supervisor
+    from lowlevel.ops.supervisor import Supervisor
     script = ("import sys, time\n"
               "for i in range(3000): sys.stdout.write(f'line {i}\\n')\n"
               "sys.stdout.flush(); time.sleep(0.2); sys.stdout.write('no newline')")

@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import clusters
-from lowlevel import checkpoints
-from lowlevel.preemption import exit_status
+from lowlevel.outputs import checkpoints
+from lowlevel.runtime.preemption import exit_status
 
 pytestmark = pytest.mark.cluster
 

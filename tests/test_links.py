@@ -19,7 +19,7 @@ import pytest
 import clusters
 
 from benchmarks import _configs, _linkbench, _links
-from lowlevel import netns
+from lowlevel.testing import netns
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

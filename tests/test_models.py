@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel import data as data_lib
-from lowlevel import evaluation, models
+from lowlevel.data import images as data_lib
+from lowlevel.runtime import evaluation
+from lowlevel.models import catalogue as models
 
 v1 = tf.compat.v1
 

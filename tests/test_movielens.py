@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from clusters import ROOT
-from lowlevel import movielens
-from lowlevel.movielens import GENRES, MovieLensError
+from lowlevel.data import movielens
+from lowlevel.data.movielens import GENRES, MovieLensError
 
 DATA = os.path.join(ROOT, "data", "ml-100k")
 

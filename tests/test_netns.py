@@ -1,4 +1,4 @@
-"""lowlevel/netns.py: hosts as network namespaces on one bridge, names resolving through
+"""lowlevel/testing/netns.py: hosts as network namespaces on one bridge, names resolving through
 /etc/netns/NAME/hosts, everything removed afterwards, also when the body raises."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lowlevel import netns
+from lowlevel.testing import netns
 
 pytestmark = pytest.mark.skipif(netns.unavailable() is not None,
                                 reason=str(netns.unavailable()))

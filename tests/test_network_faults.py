@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from lowlevel import netns
+from lowlevel.testing import netns
 from tests import clusters
 
 pytestmark = [pytest.mark.cluster,

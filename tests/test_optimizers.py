@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel.optimizers import LazyAdamOptimizer, make_optimizer
+from lowlevel.models.optimizers import LazyAdamOptimizer, make_optimizer
 
 v1 = tf.compat.v1
 LR, BETA1, BETA2, EPS = 0.01, 0.9, 0.999, 1e-8

@@ -34,7 +34,7 @@ RUNS = [
     ("momentum", ["--num_ps=1", "--num_workers=2", "--sync"], "/Momentum"),
     # communication-reduced with 2 ps: deltas split over both ps; the optimizer's slots are
     # per worker (local) and the chief's are saved under exact mode's names
-    # (lowlevel/optimizer_state.py), so the checkpoint resumes warm in any mode. One worker:
+    # (lowlevel/modes/optimizer_state.py), so the checkpoint resumes warm in any mode. One worker:
     # with two, async deltas of Adam's normalised steps add up and the final accuracy at 600
     # steps spreads over 0.78-0.97 (15 runs; exact mode 0.97), which is not what this checks.
     ("adam", ["--num_ps=2", "--num_workers=1", "--communication_period=8"], "/Adam"),

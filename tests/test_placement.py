@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel import data as data_lib
-from lowlevel import graph as graph_lib
-from lowlevel import models, placement
-from lowlevel.cluster import Cluster, ClusterFlags, from_flags
+from lowlevel.data import images as data_lib
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.models import catalogue as models
+from lowlevel.runtime import placement
+from lowlevel.cluster.spec import Cluster, ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
 
 PS_CPU = re.compile(r"^/job:ps/task:(\d+)/device:CPU:0$")

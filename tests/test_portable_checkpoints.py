@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 
 import clusters
-from lowlevel import checkpoints, training
-from lowlevel import data as data_lib
-from lowlevel.cluster import Cluster, Task
+from lowlevel.outputs import checkpoints
+from lowlevel.runtime import training
+from lowlevel.data import images as data_lib
+from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import OPTIMIZERS, TrainConfig
 
 v1 = tf.compat.v1
@@ -169,7 +170,7 @@ def test_checkpoint_of_another_optimizer_is_still_an_error(tmp_path):
     result = _in_process(out, 20, "--optimizer=adam")
     assert result.returncode == 0, result.stderr[-3000:]
     result = _in_process(out, 40)  # adagrad: the checkpoint holds Adam's state instead
-    assert result.returncode == 1, result.stderr[-3000:]  # permanent (lowlevel/exit_codes.py)
+    assert result.returncode == 1, result.stderr[-3000:]  # permanent (lowlevel/errors.py)
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("lowlevel.trainer: error: --output_dir=") and \
         "has no variable model/" in line and "/Adagrad" in line, line

@@ -1,4 +1,4 @@
-"""Dense layers' products on the ps (`lowlevel.ps_products`): the cost model, where the
+"""Dense layers' products on the ps (`lowlevel.modes.ps_products`): the cost model, where the
 exact graph puts each product, and a real 1 ps + 1 worker cluster training the same
 model with them as without them. (The bytes they save are measured on the wire by
 tests/test_throughput.py against `mlp_step_floats`.)"""
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel import data as data_lib
-from lowlevel import graph as graph_lib
-from lowlevel import models
-from lowlevel import ps_products
-from lowlevel.cluster import ClusterFlags, from_flags
+from lowlevel.data import images as data_lib
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.models import catalogue as models
+from lowlevel.modes import ps_products
+from lowlevel.cluster.spec import ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
 
 v1 = tf.compat.v1

@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 import clusters
-from lowlevel import checkpoints, events
+from lowlevel import events
+from lowlevel.outputs import checkpoints
 
 pytestmark = pytest.mark.cluster
 

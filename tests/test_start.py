@@ -1,4 +1,4 @@
-"""The communication-reduced async mode's start barrier (`lowlevel.start`), on real clusters.
+"""The communication-reduced async mode's start barrier (`lowlevel.runtime.start`), on real clusters.
 
 Without it the chief trains alone until the other workers' sessions are ready;
 the digits MLP's 1,500 steps take it about a second, so a worker started two

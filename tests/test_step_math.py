@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel import data as data_lib
-from lowlevel import exact, local_sgd, models
+from lowlevel.data import images as data_lib
+from lowlevel.modes import exact
+from lowlevel.modes import local_sgd
+from lowlevel.models import catalogue as models
 
 v1 = tf.compat.v1
 CPU = "/device:CPU:0"

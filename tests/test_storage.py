@@ -1,4 +1,4 @@
-"""Storage faults: `--output_dir` full, or read-only, in the middle of a run (lowlevel/storage.py).
+"""Storage faults: `--output_dir` full, or read-only, in the middle of a run (lowlevel/outputs/storage.py).
 
 The output directory is a small tmpfs mounted by the test (and always
 unmounted): filled up mid-run with a file that leaves a few pages free (room
@@ -15,7 +15,8 @@ import time
 import pytest
 
 import clusters
-from lowlevel import checkpoints, storage
+from lowlevel.outputs import checkpoints
+from lowlevel.outputs import storage
 
 MARGIN = 96 * 1024  # bytes left free when filling: event lines fit, a checkpoint (~300 KB) does not
 

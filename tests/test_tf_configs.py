@@ -8,8 +8,8 @@ import sys
 import pytest
 
 import clusters
-from lowlevel.cluster import Cluster
-from lowlevel.tf_config import from_tf_config
+from lowlevel.cluster.spec import Cluster
+from lowlevel.cluster.tf_config import from_tf_config
 from lowlevel.tf_configs import make_tasks
 
 

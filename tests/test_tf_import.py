@@ -1,4 +1,4 @@
-"""lowlevel/_tf.py: a task imports TensorFlow without Keras, which it does not use.
+"""lowlevel/tf_import.py: a task imports TensorFlow without Keras, which it does not use.
 
 TensorFlow 2.21 imports Keras 3 (and scikit-learn through it) eagerly: about half of
 the import, ~3 s of CPU per task here. The trainer sets `TF_USE_LEGACY_KERAS=1` before
@@ -14,17 +14,17 @@ import sys
 
 import pytest
 
-from lowlevel._tf import skip_keras
+from lowlevel.tf_import import skip_keras
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What a task imports: TensorFlow through lowlevel._tf, then every module of its life
+# What a task imports: TensorFlow through lowlevel.tf_import, then every module of its life
 # (graph, training loop, evaluation, export, the wide & deep model, the CLI).
 CHILD = """
 import sys
-from lowlevel._tf import import_tensorflow
+from lowlevel.tf_import import import_tensorflow
 tf = import_tensorflow()
-import lowlevel.trainer, lowlevel.training, lowlevel.graph, lowlevel.loop
-import lowlevel.evaluation, lowlevel.export, lowlevel.wide_deep, lowlevel.local_sgd
+import lowlevel.trainer, lowlevel.runtime.training, lowlevel.runtime.graph, lowlevel.runtime.loop
+import lowlevel.runtime.evaluation, lowlevel.outputs.export, lowlevel.models.wide_deep, lowlevel.modes.local_sgd
 tf.compat.v1.train.AdagradOptimizer(0.1)
 print(sorted(m for m in ("keras", "sklearn") if m in sys.modules))
 """

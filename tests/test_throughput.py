@@ -88,7 +88,7 @@ def test_bad_config_is_one_line():
 @pytest.mark.timeout(240)
 def test_a_killed_benchmark_takes_its_processes_with_it(tmp_path):
     """SIGKILL leaves the harness no chance to stop anything: the processes it started must
-    end by themselves (PR_SET_PDEATHSIG, `lowlevel/lifetime.py`). The textbook trainer's ps
+    end by themselves (PR_SET_PDEATHSIG, `lowlevel/ops/lifetime.py`). The textbook trainer's ps
     never exits on its own, so it is the case that matters."""
     argv = [sys.executable, "-m", "benchmarks.throughput", f"--out={tmp_path / 'bench'}",
             "--configs=classic_1ps1w", "--hidden_units=32,32", "--repeats=1",

@@ -12,9 +12,12 @@ import pytest
 import tensorflow as tf
 
 from clusters import ROOT, final_metrics
-from lowlevel import ctr_data, embeddings, exact, placement
-from lowlevel import graph as graph_lib
-from lowlevel.cluster import ClusterFlags, from_flags
+from lowlevel.data import ctr as ctr_data
+from lowlevel.models import embeddings
+from lowlevel.modes import exact
+from lowlevel.runtime import placement
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.cluster.spec import ClusterFlags, from_flags
 from lowlevel.config import TrainConfig, UsageError
 
 v1 = tf.compat.v1
@@ -175,7 +178,7 @@ def test_default_movielens_run_reaches_auc_078(tmp_path):
     assert metrics["auc"] >= 0.78, metrics
     # No row blown up by async updates racing on the ps (stock TF1 Adam's dense decay
     # of a sparse update: rows at 9-138 in every such run, AUC 0.716 once; one process:
-    # at most 0.70). lowlevel/optimizers.py.
+    # at most 0.70). lowlevel/models/optimizers.py.
     reader = tf.train.load_checkpoint(str(out))
     largest = {name: float(np.abs(reader.get_tensor(name)).max())
                for name in ("model/deep/embeddings", "model/wide/weights")}

@@ -1,0 +1,122 @@
+"""Models built from `tf.compat.v1` primitives (`get_variable`, `tf.matmul`, `tf.nn.*`).
+
+`tf.compat.v1.layers` is gone under Keras 3, so layers here are a few lines
+each. All variables live under the `model/` variable scope with
+`AUTO_REUSE`, so building a model a second time (for evaluation) shares them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from lowlevel.models import wide_deep
+
+v1 = tf.compat.v1
+
+
+def build(name: str, images, num_classes: int, hidden_units: Sequence[int], seed: int = 0,
+          partitioner=None, sparse=None):
+    """Returns logits float32 `[B, num_classes]` for images float32 `[B, H, W, C]`.
+
+    "wide_deep" takes a dict of features instead (`lowlevel.data.ctr`) and
+    `sparse` (a `wide_deep.Spec`), and returns one logit per example, `[B]`.
+
+    Args:
+      name: "softmax" (one linear layer), "mlp" (ReLU layers of `hidden_units`)
+        "cnn" (two 5x5 conv + 2x2 max-pool blocks of 32 and 64 channels, then
+        a ReLU layer of `hidden_units[0]`).
+      partitioner: shards the variables (`placement.partitioner`); a sharded
+        kernel is used as one tensor, its shards concatenated.
+    Raises:
+      ValueError: unknown name.
+    """
+    builders = {"softmax": _softmax, "mlp": _mlp, "cnn": _cnn, "wide_deep": None}
+    if name not in builders:
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(builders)}")
+    with v1.variable_scope("model", reuse=v1.AUTO_REUSE, partitioner=partitioner):
+        if name == "wide_deep":
+            return wide_deep.logits(images, sparse, tuple(hidden_units), seed, dense)
+        return builders[name](images, num_classes, tuple(hidden_units), seed)
+
+
+def for_config(config, data, partitioner=None):
+    """`inputs -> logits` of `config`'s model (a `TrainConfig`) on `data` (its input's shape)."""
+    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2) if config.model == "wide_deep"
+              else None)
+    return lambda inputs: build(config.model, inputs, data.num_classes, config.hidden_units,
+                                config.seed, partitioner, sparse)
+
+
+def _flatten(x):
+    return tf.reshape(x, [-1, x.shape[1:].num_elements()])
+
+
+def _sliced(initializer):
+    """`initializer`, made to give each shard of a sharded variable its slice of one draw.
+
+    Called per shard with the same seed, a random initializer would give every
+    shard the same values; this draws the full shape and slices, so a model's
+    initial values do not depend on how many ps tasks hold it.
+    """
+    def init(shape, dtype=None, partition_info=None):
+        if partition_info is None:
+            return initializer(shape, dtype)
+        full = initializer(partition_info.full_shape, dtype)
+        return tf.slice(full, partition_info.var_offset, shape)
+    return init
+
+
+def dense(x, units: int, name: str, seed: int, activation=None):
+    """x float32 `[B, n]` -> `[B, units]`; kernel Glorot-uniform, bias zeros."""
+    with v1.variable_scope(name):
+        kernel = v1.get_variable("kernel", [x.shape[-1], units], tf.float32,
+                                 _sliced(v1.glorot_uniform_initializer(seed=seed)))
+        bias = v1.get_variable("bias", [units], tf.float32, v1.zeros_initializer())
+        y = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+        return activation(y) if activation else y
+
+
+def conv2d(x, filters: int, size: int, name: str, seed: int):
+    """x float32 `[B, H, W, C]` -> ReLU(conv) `[B, H, W, filters]` (SAME padding, stride 1)."""
+    with v1.variable_scope(name):
+        kernel = v1.get_variable("kernel", [size, size, x.shape[-1], filters], tf.float32,
+                                 _sliced(v1.glorot_uniform_initializer(seed=seed)))
+        bias = v1.get_variable("bias", [filters], tf.float32, v1.zeros_initializer())
+        y = tf.nn.conv2d(x, kernel, strides=1, padding="SAME")
+        return tf.nn.relu(tf.nn.bias_add(y, bias))
+
+
+def _softmax(images, num_classes, hidden_units, seed):
+    return dense(_flatten(images), num_classes, "logits", seed)
+
+
+def _mlp(images, num_classes, hidden_units, seed):
+    x = _flatten(images)
+    for i, units in enumerate(hidden_units):
+        x = dense(x, units, f"hidden{i}", seed + i, tf.nn.relu)
+    return dense(x, num_classes, "logits", seed + len(hidden_units))
+
+
+def _cnn(images, num_classes, hidden_units, seed):
+    x = images
+    for i, filters in enumerate((32, 64)):
+        x = conv2d(x, filters, 5, f"conv{i}", seed + i)
+        x = tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME")
+    x = dense(_flatten(x), hidden_units[0], "hidden0", seed + 2, tf.nn.relu)
+    return dense(x, num_classes, "logits", seed + 3)
+
+
+def loss_and_accuracy(logits, labels):
+    """Mean cross-entropy and accuracy, float32 scalars, for labels int64 `[B]`.
+
+    Logits `[B, num_classes]`: softmax cross-entropy; one logit per example
+    `[B]` (wide_deep): sigmoid cross-entropy.
+    """
+    if logits.shape.rank == 1:
+        return wide_deep.loss_and_accuracy(logits, labels)
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+    correct = tf.equal(tf.argmax(logits, axis=1), labels)
+    return loss, tf.reduce_mean(tf.cast(correct, tf.float32))

@@ -1,0 +1,124 @@
+"""The exact training step: every step reads the parameters and pushes its gradients.
+
+Three things make it cheaper than the textbook step without changing a number
+it computes:
+
+- Small variables travel together. Each tensor that crosses between a worker
+  and a ps is one `RecvTensor` RPC, and with every core busy (1 ps + 2 workers
+  on 2 cores) each RPC's fixed CPU cost counts, whatever its size: the MLP's
+  biases and last kernel are 4 of its 6 tensors but 1 % of its bytes. The
+  variables under `SMALL_BYTES` on a ps are read there as one flat tensor,
+  split on the worker, and their gradients go back as one flat tensor, split
+  on the ps. (Fusing the large kernels as well only adds copies: measured,
+  benchmarks/NOTES.md.)
+- Large kernels move less: `lowlevel.modes.ps_products` computes a dense layer's
+  weight gradient, and the first layer's forward product, on the kernel's ps
+  when that moves fewer bytes than the kernel does.
+- The async step reserves its number first (`counted_update`), so a run ends
+  at exactly `--train_steps`, and its result and the optimizer's constants
+  live on global_step's ps (no learning rate sent to the ps every step).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import tensorflow as tf
+
+from lowlevel.models import embeddings
+
+v1 = tf.compat.v1
+
+SMALL_BYTES = 64 << 10  # below this a variable's transfer costs its RPC, not its bytes
+
+
+class SmallVariables:
+    """A `custom_getter` that hands the model worker-side values of the small variables.
+
+    Build the model once without it (creating the variables), call `pull`,
+    then build the model again with it: the small variables' reads come from
+    one flat tensor per ps. Embedding tables (`embeddings.TABLES`) are never
+    fused, however small: they are read row by row. `gradients` then gives (gradient, variable) pairs
+    with the small ones' gradients sent back in one flat tensor per ps.
+    """
+
+    def __init__(self, variables, worker_device: str):
+        self._device = worker_device
+        self._groups = collections.defaultdict(list)  # ps device -> [variable]
+        for v in variables:
+            whole = getattr(v, "_save_slice_info", None) is None
+            # An embedding table stays a variable: its gradient must stay sparse.
+            if whole and not embeddings.is_table(v) and v.shape.is_fully_defined() and _bytes(v) < SMALL_BYTES:
+                self._groups[v.device].append(v)
+        self._groups = {d: vs for d, vs in self._groups.items() if len(vs) > 1}
+        self._values: dict[str, object] = {}
+        self._flats: dict[str, object] = {}
+
+    @property
+    def fused(self) -> list:
+        return [v for vs in self._groups.values() for v in vs]
+
+    def pull(self) -> None:
+        """Builds, per ps, the flat read of its small variables and the split on the worker."""
+        for device, variables in self._groups.items():
+            with tf.device(device):
+                flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
+            with tf.device(self._device):
+                pieces = tf.split(flat, [v.shape.num_elements() for v in variables])
+                for v, piece in zip(variables, pieces):
+                    self._values[v.op.name] = tf.reshape(piece, v.shape)
+            self._flats[device] = flat
+
+    def __call__(self, getter, name, *args, **kwargs):
+        var = getter(name, *args, **kwargs)
+        op = getattr(var, "op", None)
+        return self._values.get(op.name, var) if op is not None else var
+
+    def gradients(self, loss, variables) -> list:
+        """[(gradient, variable)] of `loss` for `variables`, in one backward pass."""
+        fused = {id(v) for v in self.fused}
+        others = [v for v in variables if id(v) not in fused]
+        devices = list(self._flats)
+        grads = tf.gradients(loss, others + [self._flats[d] for d in devices])
+        pairs = [(g, v) for g, v in zip(grads, others) if g is not None]
+        for device, g_flat in zip(devices, grads[len(others):]):
+            variables_here = self._groups[device]
+            with tf.device(device):
+                pieces = tf.split(g_flat, [v.shape.num_elements() for v in variables_here])
+                pairs += [(tf.reshape(p, v.shape), v) for p, v in zip(pieces, variables_here)]
+        return pairs
+
+
+def counted_update(opt, grads_and_vars, global_step, last_step: int):
+    """An async training step that stops global_step at exactly `last_step`.
+
+    The step reserves its number first with `ResourceCountUpTo` (one atomic
+    op on global_step's ps: returns the old value and adds 1, or fails with
+    `OutOfRangeError` once the value is `last_step`), and its gradients are
+    applied only after that. Each step number up to `last_step` is taken by
+    exactly one worker, so the run ends at exactly `last_step`; with
+    `minimize(global_step=...)` every worker that read the step before the end
+    applies its update and the step overshoots by up to (workers - 1).
+
+    Returns:
+      int64 scalar: this step's number (the global step after it). Running it
+      raises `tf.errors.OutOfRangeError` when no step is left.
+    """
+    with tf.device(global_step.device):
+        previous = tf.raw_ops.ResourceCountUpTo(resource=global_step.handle, limit=last_step,
+                                                T=tf.int64)
+    gated = []
+    for g, v in grads_and_vars:  # the gate sits beside the variable: no extra round trip
+        with tf.device(v.device), tf.control_dependencies([previous]):
+            gated.append((tf.identity(g), v))
+    # On global_step's ps: the optimizer's constants (its learning rate would
+    # otherwise be sent from the worker to the ps every step) and the step's
+    # result (one 8-byte fetch, instead of a fetch and a control message).
+    with tf.device(global_step.device):
+        update = opt.apply_gradients(gated)
+        with tf.control_dependencies([update]):
+            return previous + 1
+
+
+def _bytes(v) -> int:
+    return v.shape.num_elements() * v.dtype.base_dtype.size

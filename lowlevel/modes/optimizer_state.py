@@ -1,0 +1,83 @@
+"""The communication-reduced mode's optimizer state, in checkpoints under the exact mode's names.
+
+In the communication-reduced mode (`lowlevel.modes.local_sgd`) each worker's
+optimizer works on its own copy of the model, so its slots (Adagrad's
+accumulators, Momentum's and Adam's moments) and non-slot variables (Adam's
+`beta1_power`, `beta2_power`) are worker-local variables, which a checkpoint
+does not hold. A checkpoint of that mode therefore lacked what the exact mode
+and in-process training restore (measured: `model.ckpt-600 has no variable
+model/hidden1/kernel/Adagrad`), and a run resumed in that mode started its
+optimizer cold.
+
+`Mirrors` gives each such worker-local variable a global twin on a ps (beside
+its model variable's first shard; non-slot variables beside global_step),
+saved under the name the exact mode saves it under
+(`model/hidden0/kernel/local/Adagrad` -> `model/hidden0/kernel/Adagrad`):
+
+- before each checkpoint the chief copies its local state to the twins
+  (`save_state`, run by `checkpoints.StateSaver`): the checkpoint holds the
+  chief's optimizer state, which is one worker's view (each worker's slots
+  saw only its own gradients);
+- after its local init every worker loads its local state from the twins
+  (`load_state`): from the restored checkpoint (any mode's), or on a fresh
+  start the optimizer's initial values.
+
+So a run resumed in any mode from a checkpoint of any mode starts warm. The
+twins move only at checkpoints and session starts: no extra bytes per step.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+SCOPE = "optimizer_state"  # the twins' op names: SCOPE/<name in checkpoints>
+
+
+class Mirrors:
+    """Global twins of the optimizer's worker-local variables.
+
+    Args:
+      local_state: the variables the optimizer created for the worker's copies.
+      copies: {name of a copy variable ("model/hidden0/kernel/local"): (name
+        of its model variable, device of the model variable's first shard)}.
+      default_device: where variables that belong to no copy go (global_step's
+        device).
+
+    Attributes:
+      names: {name in checkpoints: twin}, for `checkpoints.saved_names`.
+      save_state: op: twins := the local state (the chief runs it before saving).
+      load_state: op: local state := twins (after the local variables' init).
+    """
+
+    def __init__(self, local_state, copies: dict, default_device: str):
+        self.names = {}
+        saves, loads = [], []
+        for var in local_state:
+            name, device = _checkpoint_name(var.op.name, copies), default_device
+            for copy_name, (model_name, model_device) in copies.items():
+                if var.op.name.startswith(copy_name + "/"):
+                    device = model_device
+            with v1.device(None), v1.device(device):
+                twin = v1.Variable(var.initial_value, trainable=False,
+                                   name=f"{SCOPE}/{name}")
+                saves.append(twin.assign(var.read_value(), read_value=False))
+            with v1.device(None), v1.device(var.device):
+                loads.append(var.assign(twin.read_value(), read_value=False))
+            self.names[name] = twin
+        self.save_state = tf.group(saves, name="save_optimizer_state")
+        self.load_state = tf.group(loads, name="load_optimizer_state")
+
+
+def _checkpoint_name(local_name: str, copies: dict) -> str:
+    """The exact mode's name of a local optimizer variable.
+
+    A slot of a copy "<model variable>/local" is "<model variable>/local/<slot>"
+    (Adam's second moment "<...>/local/Adam_1"), which the exact mode calls
+    "<model variable>/<slot>"; other variables (beta1_power) keep their name.
+    """
+    for copy_name, (model_name, _) in copies.items():
+        if local_name.startswith(copy_name + "/"):
+            return model_name + local_name[len(copy_name):]
+    return local_name

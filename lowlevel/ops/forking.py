@@ -1,0 +1,140 @@
+"""Starts the launcher's tasks by forking it after it has imported TensorFlow once.
+
+A cold `python -m lowlevel.trainer` spends about 3 s of CPU importing TensorFlow
+(2.21, Keras skipped: `lowlevel.tf_import`); a launcher that starts 1 ps + 2 workers
+as three such processes pays it three times over, at once, on the same cores
+(4.6-5.8 s from launch to the last task's first log line on 2 cores:
+benchmarks/NOTES.md). `preload()` imports it once, in the launcher; `start()`
+then forks a task from the launcher (`multiprocessing`'s "fork" start method:
+a direct child, so its exit status, signals and `PR_SET_PDEATHSIG` work as for
+a `subprocess.Popen`) and runs `lowlevel.trainer`'s entry point on the task's
+own argv, as `python -m lowlevel.trainer` would.
+
+Why forking here is safe:
+- TensorFlow's import starts no runtime: no session, no device, no gRPC; CUDA
+  is initialised by a task's first session (`cuInit`), in the task, so a forked
+  GPU worker is as fresh as an exec'd one, and the variables a task sets before
+  its first session (`CUDA_VISIBLE_DEVICES`, `TF_GRPC_DEFAULT_OPTIONS`) still act.
+- The launcher forks from its only Python thread: it reads its tasks' output
+  with a selector, not threads, and turns off tqdm's monitor thread. (numpy's
+  OpenBLAS pool has its own fork handlers.)
+- The child resets the launcher's signal handlers, points stdout and stderr at
+  its pipe, closes the launcher's other pipes, takes the task's environment,
+  forgets the launcher's parsed flags, and names itself as the command it stands
+  for (`setproctitle`: `ps` and `psutil.Process.cmdline()` show
+  `python -m lowlevel.trainer --job_name=ps ...`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+_FORK = multiprocessing.get_context("fork")
+
+
+def preload(verbose: bool = False) -> float:
+    """Imports TensorFlow (graph mode, `lowlevel.tf_import`) into this process; returns seconds.
+
+    Args:
+      verbose: keep TensorFlow's import-time log lines (the tasks' `--verbosity>=1`).
+    """
+    started = time.monotonic()
+    from lowlevel.tf_import import import_tensorflow
+    import_tensorflow(verbose=verbose)
+    return time.monotonic() - started
+
+
+class ForkedTask:
+    """A forked task with the part of `subprocess.Popen`'s interface the launcher uses.
+
+    `returncode` follows Popen: the exit status, or -N when signal N ended it.
+    """
+
+    def __init__(self, process):
+        self._process = process
+        self.pid: int = process.pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Raises `subprocess.TimeoutExpired` if still running after `timeout` seconds."""
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self._process.name, timeout)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
+    """Forks this process into the task `argv` (`[python, "-m", "lowlevel.trainer", ...]`).
+
+    Args:
+      argv: the command a cold start would run; its module must be `lowlevel.trainer`.
+      env: the task's whole environment.
+      output_fd: where the task's stdout and stderr go (the write end of a pipe).
+      close_fds: descriptors of this process the task must not keep (the other
+        tasks' pipes, the selector).
+
+    Raises:
+      ValueError: `argv` does not run `python -m lowlevel.trainer`.
+    """
+    if argv[1:3] != ["-m", "lowlevel.trainer"]:
+        raise ValueError(f"only python -m lowlevel.trainer can be forked, not {argv[:3]}")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # else the child would write the launcher's buffered output again
+    process = _FORK.Process(target=_task, args=(argv, env, output_fd, tuple(close_fds)),
+                            name=" ".join(argv[2:3] + argv[-2:]), daemon=False)
+    process.start()
+    return ForkedTask(process)
+
+
+def _task(argv, env, output_fd, close_fds):
+    """The child: becomes `python -m lowlevel.trainer argv[3:]`; its exit status is the task's."""
+    import setproctitle
+    from absl import flags
+    from absl.command_name import set_kernel_process_name
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    os.close(output_fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    # The title first: setproctitle takes its room from the environment's memory,
+    # which it finds only while the launcher's environment is still in place.
+    setproctitle.setproctitle(" ".join(argv))
+    os.environ.clear()
+    os.environ.update(env)
+    set_kernel_process_name("trainer.py")
+    # absl.app.run sets --verbosity to 0 (INFO) when it is not given, but only in a
+    # process's first run; the launcher's came first. Its default is -1 (WARNING).
+    flags.FLAGS.set_default("verbosity", 0)
+    for name in flags.FLAGS:  # back to defaults, for the task's argv to be parsed
+        flags.FLAGS[name].unparse()
+    from lowlevel import trainer
+    sys.argv = [trainer.__file__, *argv[3:]]
+    trainer.run()  # exits: SystemExit carries the status to multiprocessing's exit

@@ -1,0 +1,258 @@
+"""The launcher's supervisor: starts the tasks, relays their output, restarts or stops them.
+
+`Supervisor` holds the tasks (`subprocess.Popen`, or `forking.ForkedTask` when forked
+from the launcher) and reads their output with a selector, from one thread;
+`supervise` is the loop that runs until every task has finished or one has failed,
+with what happens to an ended task decided by `exit_codes.decide`. `Progress` is the
+live tqdm line fed by the chief's `progress` events. The flags and the cluster's
+commands are `lowlevel.launch`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from lowlevel import events
+from lowlevel import errors as exit_codes
+from lowlevel.ops import forking
+from lowlevel.ops import lifetime
+
+CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
+# Seconds the ps tasks may outlive the chief's finished run before the launcher stops them.
+PS_AFTER_CHIEF_SECS = 15.0
+# With the live line on, the tasks' own progress lines are not relayed (the line
+# shows the same figures, from the events). Cosmetic only: nothing is read from them.
+PROGRESS_LINE_MARK = " examples/s | "
+
+
+def describe_exit(code: int) -> str:
+    """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a Popen
+    return code."""
+    return exit_codes.describe(code)
+
+
+FINISHED, RESTART, FAILED = exit_codes.FINISHED, exit_codes.RESTART, exit_codes.FAILED
+
+
+class Supervisor:
+    """Starts the tasks, relays their output, watches them end, restarts the ones that die.
+
+    What happens to a task that ended is `exit_codes.decide`'s: *finished* on exit 0 (or
+    any end once the chief, `worker0`, has finished: the run is over), a
+    *restart* with the same command for a retryable status (a signal, 128 + N,
+    200) while it has restarts left, else the run has *failed*.
+
+    Attributes:
+      procs: {task name: its current `subprocess.Popen` or `forking.ForkedTask`}.
+      restarts: {task name: restarts so far}.
+      events: (time.time(), task name, what happened) for every start and end,
+        for tools that measure recovery (benchmarks/chaos.py).
+    """
+
+    def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0,
+                 fork: bool = False):
+        self.out = out
+        self.commands = commands
+        self.max_restarts = max_restarts
+        self.fork = fork
+        self.procs: dict = {}
+        self.restarts = {name: 0 for name in commands}
+        self.events: list[tuple[float, str, str]] = []
+        self.stopping = False
+        self.progress = None  # the live progress line, when supervise shows one
+        self._open: set[int] = set()  # pids whose output is still being read
+        self._env = lifetime.child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+        # The tasks' output is read here, with no thread: a fork from a process with
+        # threads can deadlock (lowlevel.ops.forking).
+        self._selector = selectors.DefaultSelector()
+        self._lines: collections.deque = collections.deque()
+        for name in commands:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        """Starts the task `name`: forked (`lowlevel.ops.forking`) or as its own command."""
+        read_fd, write_fd = os.pipe()
+        try:
+            if self.fork:
+                others = [key.fd for key in self._selector.get_map().values()]
+                proc = forking.start(self.commands[name], self._env, write_fd,
+                                     others + [read_fd, self._selector.fileno()])
+            else:
+                proc = subprocess.Popen(self.commands[name], stdout=write_fd, stderr=write_fd,
+                                        stdin=subprocess.DEVNULL, env=self._env)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        self.procs[name] = proc
+        self._open.add(proc.pid)
+        self.events.append((time.time(), name, "started"))
+        self._selector.register(read_fd, selectors.EVENT_READ, (name, proc.pid, bytearray()))
+
+    def next_line(self, timeout: float) -> Optional[tuple]:
+        """(task name, pid, line) of the next line a task wrote, line None at the end of
+        its output; None if nothing came within `timeout` seconds."""
+        if not self._lines:
+            for key, _ in self._selector.select(timeout):
+                name, pid, pending = key.data
+                chunk = os.read(key.fd, 1 << 16)
+                if chunk:
+                    pending += chunk
+                    *lines, rest = pending.split(b"\n")
+                    pending[:] = rest
+                else:
+                    lines = [bytes(pending)] if pending else []
+                self._lines.extend((name, pid, line.decode(errors="replace")) for line in lines)
+                if not chunk:
+                    self._selector.unregister(key.fd)
+                    os.close(key.fd)
+                    self._lines.append((name, pid, None))
+        return self._lines.popleft() if self._lines else None
+
+    def note_line(self, pid: int, line: Optional[str]) -> None:
+        """Records the end of a task's output (`line` None); its end is read only after it."""
+        if line is None:
+            self._open.discard(pid)
+
+    def check(self, finished: set) -> Optional[str]:
+        """Handles every task that has ended since the last call.
+
+        Adds finished tasks to `finished`, restarts the ones that may be, and
+        returns a message naming the first task that failed (None if none).
+        """
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if name in finished or code is None or proc.pid in self._open:
+                continue  # running, or its last lines are still to be read
+            what = "finished" if code == 0 else describe_exit(code)
+            self.events.append((time.time(), name, what))
+            decision = exit_codes.decide(code, self.restarts[name], self.max_restarts,
+                                         CHIEF in finished, self.stopping)
+            if decision == FINISHED:
+                if code != 0 and CHIEF in finished and not self.stopping:
+                    _write(f"launch: {name} {what} after the chief finished; not restarting "
+                           "it", self.progress, self.out)
+                finished.add(name)
+                continue
+            if decision == FAILED:
+                if not exit_codes.is_retryable(code):
+                    return f"{name} {what}; not restarting it"
+                return f"{name} {what}" + (f" and has used its {self.max_restarts} "
+                                           "restart(s)" if self.max_restarts else "")
+            self.restarts[name] += 1
+            _write(f"launch: {name} {what}; restarting it (restart {self.restarts[name]} of "
+                   f"{self.max_restarts})", self.progress, self.out)
+            self._start(name)
+        return None
+
+    def stop(self, timeout_secs: float) -> None:
+        """SIGTERM the workers and the evaluator, then the ps tasks; SIGKILL what is left
+        after `timeout_secs` in all.
+
+        The ps tasks go last: a worker stopped at a safe point, and the chief's checkpoint
+        at the stop, still need them (stopped at once, a worker's step fails with
+        `UnavailableError` and the chief's save with it).
+        """
+        self.stopping = True
+        deadline = time.monotonic() + timeout_secs
+        last = [n for n in self.procs if n.startswith("ps")]
+        for group in ([n for n in self.procs if n not in last], last):
+            procs = [self.procs[n] for n in group]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
+              output_dir: Optional[str] = None) -> int:
+    """Relays output until every task has finished or one has failed; returns the exit status.
+
+    With `progress` (a `Progress`), the chief's `progress` events in
+    `output_dir` drive it.
+    """
+    sup.progress = progress
+    follower = events.Follower(output_dir) if progress is not None and output_dir else None
+    if follower is not None:
+        follower.new()  # skip the events of earlier runs on this output_dir
+    finished: set = set()
+    failed = None
+    ps_waiting_since = None
+    while len(finished) < len(sup.procs):
+        name, pid, line = sup.next_line(0.2) or (None, None, None)
+        if pid is not None:
+            sup.note_line(pid, line)
+        if follower is not None:
+            for record in follower.new():
+                if record["task"] == CHIEF and record["event"] == "progress":
+                    progress.update(record)
+        if line is not None and not (progress is not None and PROGRESS_LINE_MARK in line):
+            _write(f"[{name}] {line}", progress, sup.out)
+        if failed is None:
+            failed = sup.check(finished)
+            if failed:
+                _write(f"launch: {failed}; stopping the other tasks", progress, sup.out)
+                sup.stop(stop_timeout_secs)
+        else:
+            sup.check(finished)
+        left = set(sup.procs) - finished
+        if CHIEF in finished and left and all(n.startswith("ps") for n in left):
+            # The run is over. A ps exits within a second of the chief's stop signal;
+            # one restarted after the signal was sent never gets it.
+            ps_waiting_since = ps_waiting_since or time.monotonic()
+            if time.monotonic() - ps_waiting_since > PS_AFTER_CHIEF_SECS and not sup.stopping:
+                _write(f"launch: the run is finished; stopping {', '.join(sorted(left))} "
+                       "(restarted after the chief's stop signal?)", progress, sup.out)
+                sup.stop(stop_timeout_secs)
+    if progress is not None:
+        progress.close(complete=not failed)
+    return 1 if failed else 0
+
+
+class Progress:
+    """One live tqdm line: the chief's global step out of train_steps, rate and loss."""
+
+    def __init__(self):
+        from tqdm import tqdm
+        tqdm.monitor_interval = 0  # no monitor thread: the launcher forks (lowlevel.ops.forking)
+        self._bar = tqdm(total=1, unit="step", dynamic_ncols=True, leave=True,
+                         bar_format="{l_bar}{bar}| step {n}/{total} [{elapsed}<{remaining}"
+                                    "{postfix}]")
+
+    def update(self, record: dict) -> None:
+        """Shows a `progress` event (`lowlevel.events`)."""
+        step, total = record["global_step"], record["train_steps"]
+        self._bar.total = total
+        self._bar.n = min(step, total)
+        self._bar.set_postfix_str(f"{record['steps_per_sec']:.1f} steps/s, "
+                                  f"{record['examples_per_sec']:,.0f} examples/s, "
+                                  f"loss {record['loss']:.4f}", refresh=True)
+
+    def write(self, text: str) -> None:
+        self._bar.write(text)
+
+    def close(self, complete: bool) -> None:
+        if complete:
+            self._bar.n = self._bar.total
+            self._bar.refresh()
+        self._bar.close()
+
+
+def _write(text, progress, out):
+    if progress is not None:
+        progress.write(text)
+    else:
+        print(text, file=out, flush=True)

@@ -1,0 +1,231 @@
+"""Evaluating the model on a whole split: loss and accuracy; for wide_deep also AUC and log loss.
+
+The evaluation graph reuses the training model's variables (the `model/`
+scope is built with AUTO_REUSE), so on a worker it reads them from the ps
+tasks; the final evaluation is run by the chief after its last step. An
+evaluator task (`continuous_eval`) evaluates each checkpoint as it appears.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from lowlevel.outputs import checkpoints
+from lowlevel.outputs import export
+from lowlevel.outputs import files
+from lowlevel.models import catalogue as models
+from lowlevel.data import images as data_lib
+from lowlevel.config import TrainConfig
+from lowlevel.errors import TransientFailure
+
+v1 = tf.compat.v1
+
+
+@dataclasses.dataclass
+class EvalOps:
+    """Ops of one evaluation pass over a split, built into the current graph."""
+
+    initializer: object
+    feed: dict
+    sum_loss: object   # float32 scalar: summed cross-entropy of the batch
+    num_correct: object  # int64 scalar
+    num_examples: object  # int32 scalar
+    # Binary models (one logit per example): float32 `[b]` probabilities and int64 `[b]` labels.
+    probabilities: object = None
+    labels: object = None
+
+
+def build(split, max_value: float, model_fn) -> EvalOps:
+    """Builds the evaluation of `model_fn` (inputs -> logits) on `split`, in batches of 1,000.
+
+    `model_fn` must build the training model (`models.for_config`, with its
+    partitioner), so that its variables are reused.
+    """
+    initializer, feed, (inputs, labels) = data_lib.eval_input(split, max_value)
+    with tf.name_scope("eval"):
+        logits = model_fn(inputs)
+        if logits.shape.rank == 1:  # one logit: sigmoid
+            losses = tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=tf.cast(labels, tf.float32), logits=logits)
+            correct = tf.equal(tf.cast(logits > 0, tf.int64), labels)
+            binary = (tf.sigmoid(logits), labels)
+        else:
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                    logits=logits)
+            correct = tf.equal(tf.argmax(logits, axis=1), labels)
+            binary = (None, None)
+        return EvalOps(initializer, feed, tf.reduce_sum(losses),
+                       tf.reduce_sum(tf.cast(correct, tf.int64)), tf.shape(labels)[0], *binary)
+
+
+def evaluate(sess, ops: EvalOps) -> dict:
+    """Runs one pass; returns {"loss": mean cross-entropy, "accuracy": fraction, "num_examples"}.
+
+    For a binary model also "auc" (area under the ROC curve, exact, from every
+    example's probability; scikit-learn's `roc_auc_score`) and "log_loss"
+    (mean binary cross-entropy of the float32 probabilities, clipped to
+    [1e-7, 1 - 1e-7], nats; "loss" is the same from the logits, unclipped).
+    """
+    sess.run(ops.initializer, ops.feed)
+    total_loss, correct, n = 0.0, 0, 0
+    fetches = [ops.sum_loss, ops.num_correct, ops.num_examples]
+    binary = ops.probabilities is not None
+    if binary:
+        fetches += [ops.probabilities, ops.labels]
+    scores, truth = [], []
+    while True:
+        try:
+            loss, c, b, *rest = sess.run(fetches)
+        except tf.errors.OutOfRangeError:
+            break
+        total_loss, correct, n = total_loss + float(loss), correct + int(c), n + int(b)
+        if binary:
+            scores.append(rest[0])
+            truth.append(rest[1])
+    result = {"loss": total_loss / max(n, 1), "accuracy": correct / max(n, 1), "num_examples": n}
+    if binary and n:
+        result.update(_binary_metrics(np.concatenate(truth), np.concatenate(scores)))
+    return result
+
+
+def _binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict:
+    """{"auc", "log_loss"} of probabilities float `[N]` for labels {0, 1} `[N]`."""
+    from sklearn.metrics import log_loss, roc_auc_score
+    auc = (float(roc_auc_score(labels, probabilities)) if len(np.unique(labels)) == 2
+           else None)  # undefined with one class
+    return {"auc": auc, "log_loss": float(log_loss(labels, np.clip(probabilities, 1e-7,
+                                                                   1 - 1e-7), labels=[0, 1]))}
+
+
+class FinalEvalHook(v1.train.SessionRunHook):
+    """Evaluates once, when the monitored session ends normally; result in `.result`.
+
+    Skipped when `skip` is set (the task is being preempted: training is not over).
+    """
+
+    def __init__(self, ops: EvalOps, skip=None):
+        self._ops = ops
+        self._skip = skip
+        self.result = None
+
+    def end(self, session):
+        if self._skip is None or not self._skip.is_set():
+            self.result = evaluate(session, self._ops)
+
+
+class EvalTimeout(TransientFailure):
+    """No new checkpoint appeared within `eval_timeout_secs` before the final one.
+
+    Retryable (exit status 200, `exit_codes.TRANSIENT`): the chief may be
+    down or restarting; a restarted evaluator picks up where it was.
+    """
+
+
+def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: bool = False,
+                    session_config=None) -> dict:
+    """Evaluates each new checkpoint in `config.output_dir` until that of the final step.
+
+    The evaluator runs in its own process with no server: it reads checkpoint
+    files, so it never holds up training. `tf.compat.v1.train.checkpoints_iterator`
+    yields a checkpoint only once the chief's Saver has recorded it in the
+    `checkpoint` state file, which it writes after the data files, so a
+    half-written checkpoint is never read; one deleted by the chief's
+    `--keep_checkpoint_max` before it is read is skipped with a warning.
+
+    Per checkpoint it writes `loss` and `accuracy` (binary models: also `auc`
+    and `log_loss`) summaries to
+    `<output_dir>/eval/` (`eval_train/` for the training split) and appends a
+    record to `eval_metrics.json` there: global_step, loss (mean
+    cross-entropy), accuracy (fraction), num_examples, split, checkpoint.
+    With `config.export_every_checkpoint` it also exports each checkpoint as
+    a SavedModel (`lowlevel.outputs.export`).
+
+    Returns:
+      The record of the checkpoint whose global_step is >= `config.train_steps`.
+
+    Raises:
+      EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
+      checkpoints.CheckpointMismatch: a checkpoint of another model.
+    """
+    split_name = "train" if on_train_data else "test"
+    split = data.train if on_train_data else data.test
+    eval_dir = os.path.join(config.output_dir, "eval_train" if on_train_data else "eval")
+    graph = tf.Graph()
+    with graph.as_default():
+        global_step = v1.train.get_or_create_global_step()
+        ops = build(split, data.max_value, models.for_config(config, data))
+        variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
+        saver = v1.train.Saver(variables)
+        graph.finalize()
+    os.makedirs(eval_dir, exist_ok=True)
+    records_path = os.path.join(eval_dir, "eval_metrics.json")
+    records = _read_records(records_path)
+    logging.info("evaluator: watching %s for checkpoints; evaluating on the %s split (%d "
+                 "examples) until global step %d", config.output_dir, split_name, len(split),
+                 config.train_steps)
+    writer = v1.summary.FileWriter(eval_dir, graph=None)
+    try:
+        with v1.Session(graph=graph, config=session_config) as sess:
+            for path in v1.train.checkpoints_iterator(config.output_dir,
+                                                      timeout=config.eval_timeout_secs):
+                try:
+                    checkpoints.check_compatible(config.output_dir, variables, path)
+                    saver.restore(sess, path)
+                except checkpoints.CheckpointMismatch:
+                    raise
+                except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
+                    logging.warning("evaluator: skipping %s, which is gone or unreadable "
+                                    "(deleted by the chief's --keep_checkpoint_max?): %s",
+                                    path, getattr(e, "message", e))
+                    continue
+                step = int(sess.run(global_step))
+                record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
+                              checkpoint=os.path.basename(path))
+                writer.add_summary(v1.Summary(value=[
+                    v1.Summary.Value(tag=tag, simple_value=record[tag])
+                    for tag in ("loss", "accuracy", "auc", "log_loss")
+                    if record.get(tag) is not None]), step)
+                writer.flush()
+                records = [r for r in records if r["global_step"] != step] + [record]
+                _write_records(records_path, records)
+                logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
+                             split_name, record["accuracy"], record["loss"],
+                             f" | auc {record['auc']:.4f}" if record.get("auc") else "")
+                if config.export_every_checkpoint and config.keep_exports:
+                    _export(path, config, data)
+                if step >= config.train_steps:
+                    return record
+    finally:
+        writer.close()
+    raise EvalTimeout(f"evaluator: no new checkpoint in {config.output_dir} for "
+                      f"{config.eval_timeout_secs:g} s (--eval_timeout_secs) before the one of "
+                      f"global step {config.train_steps}: is the chief running?")
+
+
+def _export(path: str, config: TrainConfig, data: data_lib.DataSet) -> None:
+    """`--export_every_checkpoint`: exports checkpoint `path`; one it cannot read is skipped."""
+    try:
+        export.export(path, export.export_base(config.output_dir), config, data,
+                      config.keep_exports)
+    except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile (--keep_checkpoint_max)
+        logging.warning("evaluator: could not export %s (deleted by the chief's "
+                        "--keep_checkpoint_max?): %s", os.path.basename(path),
+                        getattr(e, "message", e))
+
+
+def _read_records(path: str) -> list:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return []
+
+
+def _write_records(path: str, records: list) -> None:
+    files.write_json(path, sorted(records, key=lambda r: r["global_step"]))

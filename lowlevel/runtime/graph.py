@@ -1,0 +1,290 @@
+"""The training graph of one worker, per mode, and its session hooks.
+
+Between-graph replication: every worker builds the whole graph, with its
+variables on the ps tasks (`placement`). `build` picks the mode:
+
+- in-process (no cluster): plain gradients, counted up to the last step;
+- exact (`--communication_period=1`): small variables fused into one
+  transfer per ps (`exact`); async with a counted update, or `--sync`
+  through `SyncReplicasOptimizer`;
+- communication-reduced (`--communication_period=K`): local copies and
+  exchanges (`local_sgd`), async or model averaging.
+
+The hooks come in the order of the end-of-training protocol
+(`shutdown.end_of_training_hooks`). Running the graph is `training.train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Optional
+
+import tensorflow as tf
+
+from lowlevel.data import images as data_lib
+from lowlevel.outputs import checkpoints
+from lowlevel.runtime import evaluation
+from lowlevel.modes import exact
+from lowlevel.runtime import hooks
+from lowlevel.modes import local_sgd
+from lowlevel.models import catalogue as models
+from lowlevel.runtime import placement
+from lowlevel.cluster import probes
+from lowlevel.modes import ps_products
+from lowlevel.runtime import shutdown
+from lowlevel.runtime import start
+from lowlevel.runtime import progress as progress_lib
+from lowlevel.cluster.spec import Cluster, Task
+from lowlevel.config import TrainConfig
+from lowlevel.models.optimizers import make_optimizer
+
+v1 = tf.compat.v1
+
+
+@dataclasses.dataclass
+class TrainGraph:
+    """What `build` puts in the graph, for one worker."""
+
+    graph: tf.Graph
+    train_op: Optional[tf.Tensor]  # int64 scalar: the global step after this step's update
+    local_ops: Optional[local_sgd.LocalSGDOps]  # instead, with --communication_period > 1
+    loss: tf.Tensor  # float32 scalar: the batch loss
+    global_step: tf.Variable  # int64 scalar, on a ps
+    scaffold: v1.train.Scaffold
+    hooks: list[v1.train.SessionRunHook]  # in the order of the end-of-training protocol
+    progress: progress_lib.ProgressHook
+    final_eval: Optional[evaluation.FinalEvalHook]
+    examples_per_step: int  # examples per global step, all workers
+    steps: hooks.LoopState  # the global step as the loop last saw it
+    saved: dict  # the saver's {name in checkpoints: variable or its shards}
+    optimizer_names: set  # the names in `saved` that are optimizer state
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mode:
+    """How a task trains: derived from the config and the cluster."""
+
+    num_workers: int
+    replicas: int  # replicas_to_aggregate in effect
+    sync: bool  # SyncReplicasOptimizer (exact) or model averaging (local)
+    local: bool  # communication-reduced
+
+    @classmethod
+    def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "_Mode":
+        # A sparseCluster (dynamic workers) does not say how many: async, one replica here.
+        num_workers = (cluster.num_workers or 1) if cluster else 1
+        return cls(num_workers, config.replicas_to_aggregate or num_workers,
+                   bool(config.sync and cluster),
+                   bool(cluster and config.communication_period > 1))
+
+
+@dataclasses.dataclass
+class _Step:
+    """The training ops one mode builds."""
+
+    loss: tf.Tensor
+    accuracy: tf.Tensor
+    train_op: Optional[tf.Tensor] = None
+    local_ops: Optional[local_sgd.LocalSGDOps] = None
+    sync_optimizer: Optional[v1.train.SyncReplicasOptimizer] = None
+
+
+def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
+          task: Task, worker_gpu: int, preempted: Optional[threading.Event] = None
+          ) -> TrainGraph:
+    """Builds worker `task`'s training graph (the in-process one with `cluster=None`).
+
+    Args:
+      worker_gpu: GPUs per worker (0: compute on the CPU).
+      preempted: set when the task is being preempted; the end-of-training
+        hooks (final evaluation, shutdown handshake) then do nothing.
+    """
+    preempted = preempted or threading.Event()
+    mode = _Mode.of(config, cluster)
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(config.seed)
+        device, partitioner = (_placement(config, data, cluster, task, worker_gpu)
+                               if cluster else (None, None))
+        model_fn = models.for_config(config, data, partitioner)
+        with v1.device(device):
+            global_step = v1.train.get_or_create_global_step()
+            if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
+                shards, shard, seed = 1, 0, config.seed + task.replica_index
+            else:
+                shards, shard, seed = mode.num_workers, task.replica_index, config.seed
+            iter_init, feed, iterator = data_lib.train_iterator(
+                data, config.batch_size, shards, shard, seed)
+            images, labels = iterator.get_next()
+            opt = make_optimizer(config.optimizer, config.lr)
+            if mode.local:
+                step = _local_sgd_step(config, mode, model_fn, images, labels, iterator, opt,
+                                       global_step, placement.worker_device(
+                                           task.task_index, worker_gpu, task.job_name))
+            elif cluster:
+                step = _exact_step(config, mode, model_fn, images, labels, opt, global_step,
+                                   placement.worker_device(task.task_index, worker_gpu,
+                                                           task.job_name),
+                                   lambda: data_lib.probe_inputs(data))
+            else:
+                step = _in_process_step(config, model_fn, images, labels, opt, global_step)
+            final_eval = None
+            if task.is_chief:
+                final_eval = evaluation.FinalEvalHook(
+                    evaluation.build(data.test, data.max_value, model_fn), skip=preempted)
+            channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
+        v1.summary.scalar("loss", step.loss)
+        v1.summary.scalar("accuracy", step.accuracy)
+        scaffold, saved, optimizer_names = _scaffold(config, graph, step.local_ops,
+                                                     iter_init, feed)
+        examples_per_step = config.batch_size * (mode.replicas if mode.sync else 1)
+        steps = hooks.LoopState()
+        progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
+                                      config.train_steps, config.log_every_secs, steps,
+                                      config.output_dir if task.is_chief else None,
+                                      config.warmup_steps, config.batch_size)
+        run_hooks = _hooks(config, mode, cluster, task, step, global_step, scaffold, steps,
+                           progress, final_eval, channel, preempted)
+    return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
+                      run_hooks, progress, final_eval, examples_per_step, steps, saved,
+                      optimizer_names)
+
+
+def _scaffold(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed):
+    """(scaffold, saved, optimizer names): local init and a saver of the portable names.
+
+    Every mode saves the same names (`checkpoints.saved_names`), so a
+    checkpoint resumes in any mode; the communication-reduced mode's local
+    optimizer state is saved through its twins on the ps and loaded from them
+    at local init (`lowlevel.modes.optimizer_state`).
+    """
+    local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(), iter_init)
+    state = local_ops.state if local_ops else None
+    if state:  # the optimizer's local state starts from its twins on the ps
+        with tf.control_dependencies([local_init]):
+            local_init = tf.group(state.load_state)
+    saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
+                                    state.names if state else None)
+    scaffold = v1.train.Scaffold(
+        local_init_op=local_init, local_init_feed_dict=feed,
+        saver=checkpoints.StateSaver(saved, state.save_state if state else None, sharded=True,
+                                     max_to_keep=config.keep_checkpoint_max,
+                                     save_relative_paths=True))
+    model_names = checkpoints.saved_names(v1.trainable_variables())
+    return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
+
+
+def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, task: Task,
+               worker_gpu: int):
+    """(device function, variable partitioner or None) of a training task.
+
+    The model is measured unsharded for its total bytes, which size the
+    shards, and then sharded, for the plan that balances the shards' bytes
+    over the ps tasks (`placement`).
+    """
+    def probe(partitioner):
+        return lambda: models.for_config(config, data, partitioner)(
+            data_lib.probe_inputs(data))
+
+    whole, tables = placement.measure(probe(None))
+    partitioner = placement.partitioner(cluster.num_ps, sum(whole.values()),
+                                        sum(whole[n] for n in tables))
+    sizes, tables = placement.measure(probe(partitioner))
+    device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
+                                     task.job_name, tables)
+    return device, partitioner
+
+
+def _in_process_step(config, model_fn, images, labels, opt, global_step) -> _Step:
+    """One process, no servers: the plain gradients, counted up to the last step."""
+    loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+    grads = [(g, v) for g, v in opt.compute_gradients(loss) if g is not None]
+    return _Step(loss, accuracy,
+                 exact.counted_update(opt, grads, global_step, config.train_steps))
+
+
+def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
+                worker_device: str, probe_inputs) -> _Step:
+    """The exact mode: small variables travel together (`lowlevel.modes.exact`), dense layers'
+    products run where they move fewest bytes (`lowlevel.modes.ps_products`); async or sync."""
+    graph = v1.get_default_graph()
+    first = len(graph.get_operations())
+    model_fn(probe_inputs())  # creates the variables
+    # A GPU worker keeps its products: a ps CPU would compute them far slower.
+    on_ps = config.ps_products and "GPU" not in worker_device.upper()
+    on_ps_only = (ps_products.forward_layer_variables(graph.get_operations()[first:],
+                                                      config.batch_size) if on_ps else set())
+    small = exact.SmallVariables([v for v in v1.trainable_variables()
+                                  if v.op.name not in on_ps_only], worker_device)
+    small.pull()
+    with v1.variable_scope(v1.get_variable_scope(), custom_getter=small), \
+            ps_products.placed(on_ps):
+        logits = model_fn(images)
+    loss, accuracy = models.loss_and_accuracy(logits, labels)
+    grads = small.gradients(loss, v1.trainable_variables())
+    if not mode.sync:
+        return _Step(loss, accuracy,
+                     exact.counted_update(opt, grads, global_step, config.train_steps))
+    sync_opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=mode.replicas,
+                                              total_num_replicas=mode.num_workers)
+    # The step's value is the token it took, which the chief's sync op fills with the
+    # global step after its update: a worker stops as soon as the last step is done
+    # (only the sync op moves global_step). Not a read of global_step after the token:
+    # that costs two more hops (the token's assign on the worker, then a control edge
+    # back to the ps and the value out again), ~0.6 ms a step (benchmarks/NOTES.md).
+    train_op = tf.identity(sync_opt.apply_gradients(grads, global_step=global_step))
+    return _Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
+
+
+def _local_sgd_step(config, mode: _Mode, model_fn, images, labels, iterator, opt,
+                    global_step, worker_device: str) -> _Step:
+    """The communication-reduced mode: the model computes with worker-local copies.
+
+    `iterator` gives the batches of a block of local steps run at once (`local_sgd.build`).
+    """
+    copies = local_sgd.LocalCopies(worker_device)
+
+    def loss_on(batch_images, batch_labels):
+        with v1.variable_scope(v1.get_variable_scope(), custom_getter=copies):
+            return models.loss_and_accuracy(model_fn(batch_images), batch_labels)
+
+    loss, accuracy = loss_on(images, labels)
+    ops = local_sgd.build(opt, loss, copies, global_step, config.communication_period,
+                          config.train_steps,
+                          (mode.replicas, mode.num_workers) if mode.sync else None,
+                          make_optimizer(config.optimizer, config.lr),
+                          next_loss=lambda: loss_on(*iterator.get_next())[0])
+    return _Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
+
+
+def _hooks(config, mode: _Mode, cluster, task, step: _Step, global_step, scaffold, steps,
+           progress, final_eval, channel, preempted) -> list:
+    """The task's session hooks, in the order of the end-of-training protocol (`shutdown`)."""
+    training = [progress]
+    if mode.local and not mode.sync and cluster and cluster.num_workers and config.start_wait_secs:
+        others = {t.replica_index: f"{t.job_name}{t.task_index} at "
+                  f"{cluster.hosts(t.job_name)[t.task_index]}"
+                  for t in cluster.training_tasks() if not t.is_chief}
+        barrier = start.StartBarrier(global_step, shutdown.ps_device(0))
+        training.insert(0, start.StartTogetherHook(barrier, task.replica_index, others,
+                                                   config.start_wait_secs, preempted))
+    if mode.sync:
+        others = [t for t in cluster.training_tasks() if not t.is_chief]
+        # Model averaging starts without tokens: a worker's first exchange must
+        # wait for the first average, not pull the model it started from.
+        training.append(hooks.SyncReplicasHook(
+            step.sync_optimizer, task.is_chief, global_step, config.train_steps,
+            config.sync_timeout_secs, lambda: probes.unreachable_tasks(cluster, others),
+            num_tokens=0 if mode.local else -1))
+    checkpoint = None
+    if task.is_chief and config.output_dir:
+        training.append(hooks.SummaryHook(config.output_dir,
+                                          max(config.log_every_secs, 1.0), steps))
+        checkpoint = hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
+                                          config.save_checkpoint_steps,
+                                          config.save_checkpoint_secs,
+                                          config.max_checkpoint_failures)
+    return shutdown.end_of_training_hooks(
+        task, cluster, channel, training, checkpoint=checkpoint, final_eval=final_eval,
+        timeout_secs=config.shutdown_timeout_secs, preempted=preempted)

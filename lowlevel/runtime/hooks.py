@@ -1,0 +1,277 @@
+"""Session-run hooks of the training loop.
+
+- `CheckpointHook`, `SummaryHook`: the chief's checkpoints and TensorBoard
+  summaries. The stock `CheckpointSaverHook` and `SummarySaverHook` each add
+  a read of global_step to every step — a round trip to its ps that the
+  communication-reduced mode's local steps would otherwise not make at all.
+  These take the step the training loop already knows (`LoopState`).
+- `SyncReplicasHook`: `SyncReplicasOptimizer`'s own hook, except that the
+  chief's sync loop ends by itself at the last step instead of blocking in
+  the ps's accumulators until its session is cancelled, and a step stuck on
+  a dead worker is reported instead of waiting silently.
+(`progress.ProgressHook`: progress lines and events, throughput, step times.)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Optional
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel import events
+from lowlevel.outputs import storage
+
+v1 = tf.compat.v1
+
+
+class LoopState:
+    """What the training loop knows, shared with the hooks so they need not fetch it.
+
+    The loop runs most steps through a callable on the raw session, past the
+    hooks (`loop.StepRunner`); a step goes through the monitored session,
+    and so through the hooks, when one of them is `due()`.
+
+    Attributes:
+      value: the global step as the loop last saw it.
+      in_step: the run under way is a training step (not an exchange or a
+        claim): hooks that fetch the batch's loss or summaries act only then.
+    """
+
+    def __init__(self):
+        self.value = 0
+        self.in_step = False
+
+
+class CheckpointHook(v1.train.SessionRunHook):
+    """Saves a checkpoint every `save_steps` global steps or `save_secs` seconds, and at the end.
+
+    Writes `graph.pbtxt` and the graph summary when the first session is
+    created, and saves the state it starts from (as the stock hook does). The
+    final save in `end` runs after every earlier hook's `end`: place it after
+    the hook that waits for the other workers, so it holds their last updates.
+
+    Args:
+      saver: the `tf.compat.v1.train.Saver`.
+      output_dir: where `model.ckpt-<global step>` files go.
+      steps: the training loop's `LoopState`.
+      save_steps / save_secs: the cadence; steps win when both are given.
+      max_failures: saves in a row that may fail (full or read-only disk: one
+        line each, `storage.CheckpointSaves`) before the run ends with
+        `storage.StorageFailure`.
+
+    Attributes:
+      saves: the `storage.CheckpointSaves`; `saves.last_failed` after `end`
+        says whether the final checkpoint is missing.
+    """
+
+    def __init__(self, saver, output_dir: str, steps: LoopState,
+                 save_steps: Optional[int] = None, save_secs: Optional[float] = None,
+                 max_failures: int = 3):
+        self._saver = saver
+        self.saves = storage.CheckpointSaves(output_dir, max_failures)
+        self._graph_writes = storage.Writes("the graph")
+        self._output_dir = output_dir
+        self._prefix = os.path.join(output_dir, "model.ckpt")
+        self._steps = steps
+        self._timer = v1.train.SecondOrStepTimer(every_secs=None if save_steps else save_secs,
+                                                 every_steps=save_steps)
+        self._first_session = True
+
+    def begin(self):
+        self._global_step = v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        step = int(session.run(self._global_step))
+        self._steps.value = step
+        if self._first_session:
+            self._first_session = False
+            graph = v1.get_default_graph()
+
+            def write_graph():
+                tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._output_dir,
+                                  "graph.pbtxt")
+                v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
+            self._graph_writes.run(write_graph, self._output_dir)
+            self._save(session, step)
+        self._timer.update_last_triggered_step(step)
+
+    def due(self) -> bool:
+        # Before the next run the loop has recorded the step the last one ended at.
+        return self._timer.should_trigger_for_step(self._steps.value)
+
+    def before_run(self, run_context):
+        if self.due():
+            self._timer.update_last_triggered_step(self._steps.value)
+            self._save(run_context.session, self._steps.value)
+
+    def end(self, session):
+        # Always: a save at this same step may predate the other workers' last
+        # updates (in the communication-reduced mode, their last exchanges).
+        self._save(session, self._steps.value, final=True)
+
+    def _save(self, session, step: int, final: bool = False) -> None:
+        path = self.saves.save(
+            lambda: self._saver.save(session, self._prefix, global_step=self._global_step),
+            step, final)
+        if path is None:
+            return
+        logging.info("saved %s", os.path.basename(path))
+        events.emit("checkpoint_saved", int(path.rpartition("-")[2]),
+                    path=os.path.basename(path), emergency=False)
+
+
+class SummaryHook(v1.train.SessionRunHook):
+    """Writes the graph's merged summaries (of a training step) every `every_secs` seconds."""
+
+    def __init__(self, output_dir: str, every_secs: float, state: LoopState):
+        self._output_dir = output_dir
+        self._every_secs = every_secs
+        self._state = state
+        self._next = 0.0
+        self._writes = storage.Writes("summaries")
+
+    def begin(self):
+        self._summary = v1.summary.merge_all()
+        self._global_step = v1.train.get_global_step()
+
+    def due(self) -> bool:
+        return self._summary is not None and time.monotonic() >= self._next
+
+    def before_run(self, run_context):
+        if self._state.in_step and self.due():
+            self._next = time.monotonic() + self._every_secs
+            return v1.train.SessionRunArgs({"summary": self._summary,
+                                            "step": self._global_step})
+        return None
+
+    def after_run(self, run_context, run_values):
+        if run_values.results:
+            self._writes.run(lambda: v1.summary.FileWriterCache.get(self._output_dir).add_summary(
+                run_values.results["summary"], run_values.results["step"]), self._output_dir)
+
+
+class SyncReplicasHook(v1.train.SessionRunHook):
+    """Initialises a `SyncReplicasOptimizer` and, on the chief, runs its sync loop.
+
+    The chief's loop runs the optimizer's sync op: wait for
+    `replicas_to_aggregate` gradients in the ps's accumulators, apply their
+    mean, bump global_step and put one token per worker in the token queue.
+    The stock queue runner keeps calling it after the last step, where it
+    blocks in the accumulators until its session is closed and the close
+    cancels it — the hang of tensorflow/tensorflow#7970, and the reason a sync
+    chief's close could take many seconds. This loop stops by itself once
+    global_step reaches `last_step` (only the sync op moves global_step in sync
+    mode), so nothing is left blocked.
+
+    The sync op runs without a deadline: it takes one accumulator after the
+    other, and a run cancelled between two of them (a `RunOptions` deadline
+    while a restarted worker's gradients arrive) throws away the gradients
+    already taken and leaves those accumulators a step ahead of the others,
+    which then drop every gradient as stale: the cluster deadlocks with every
+    task answering (seen in CI; a 2 ms deadline deadlocks a 2-worker run
+    within a few steps). Instead a watcher thread reports a step that has
+    waited `timeout_secs` for gradients (a worker died and there are no backup
+    workers): it logs which workers do not answer (`missing_workers()`) and
+    emits `fault_noticed`, every `timeout_secs` while the wait lasts. The step
+    completes as soon as a restarted worker sends its gradient: nothing is
+    lost and nothing hangs silently. A session closed under a waiting sync op
+    (preemption, a failure elsewhere) cancels it and the loop ends.
+
+    Args:
+      sync_optimizer: the optimizer, after `minimize`/`apply_gradients`.
+      is_chief: whether this worker is the chief.
+      global_step: the global step variable.
+      last_step: the step training stops at.
+      timeout_secs: seconds a sync step may wait before the watcher reports it.
+      missing_workers: returns "name at host:port" of workers that do not answer.
+      num_tokens: tokens put in the queue at start; -1: `replicas_to_aggregate`.
+    """
+
+    # A deadline no sync step reaches: 0 would mean the session's own
+    # `operation_timeout_in_ms` (`--step_timeout_secs`), which would cancel it.
+    NO_DEADLINE_MS = 365 * 24 * 3600 * 1000
+
+    def __init__(self, sync_optimizer, is_chief: bool, global_step, last_step: int,
+                 timeout_secs: float = 60.0, missing_workers=None, num_tokens: int = -1):
+        self._opt = sync_optimizer
+        self._is_chief = is_chief
+        self._global_step = global_step
+        self._last_step = last_step
+        self._timeout_secs = timeout_secs
+        self._missing_workers = missing_workers or (lambda: [])
+        self._num_tokens = num_tokens
+        self._lock = threading.Lock()
+        self._step = 0  # the global step the sync op under way will complete
+        self._since = 0.0  # monotonic seconds: when it started
+        self._reported = 0.0  # seconds of its wait reported so far
+
+    def begin(self):
+        opt = self._opt
+        self._init_tokens_op = self._sync_op = None
+        if not self._is_chief:
+            self._local_init_op = opt.local_step_init_op
+            return
+        self._local_init_op = opt.chief_init_op
+        self._init_tokens_op = opt.get_init_tokens_op(self._num_tokens)
+        (sync_op,) = opt.get_chief_queue_runner().enqueue_ops
+        with tf.control_dependencies([sync_op]):  # one round trip per step: sync, then read
+            self._sync_op = self._global_step.read_value()
+
+    def after_create_session(self, session, coord):
+        session.run(self._local_init_op)
+        if self._init_tokens_op is None:
+            return
+        session.run(self._init_tokens_op)
+        ended = threading.Event()  # one per session: a recovered session starts anew
+        with self._lock:  # the watcher's clock starts now, not at the first sync step
+            self._since, self._reported = time.monotonic(), 0.0
+        thread = threading.Thread(target=self._sync_loop, args=(session, coord, ended),
+                                  name="sync_replicas_chief", daemon=True)
+        coord.register_thread(thread)
+        thread.start()
+        threading.Thread(target=self._watch, args=(coord, ended), name="sync_replicas_watch",
+                         daemon=True).start()
+
+    def _sync_loop(self, session, coord, ended):
+        options = v1.RunOptions(timeout_in_ms=self.NO_DEADLINE_MS)
+        try:
+            step = session.run(self._global_step)
+            while not coord.should_stop() and step < self._last_step:
+                with self._lock:
+                    self._step, self._since, self._reported = step, time.monotonic(), 0.0
+                step = session.run(self._sync_op, options=options)
+                with self._lock:
+                    waited = self._reported and time.monotonic() - self._since
+                if waited:
+                    logging.info("sync steps complete again (global step %d) after %.0f s",
+                                 step, waited)
+        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+            return
+        except Exception as e:  # noqa: BLE001 - handed to the coordinator
+            coord.request_stop(e)
+        finally:
+            ended.set()
+
+    def _watch(self, coord, ended):
+        """Reports, every `timeout_secs`, a sync step still waiting for gradients."""
+        poll = min(max(self._timeout_secs / 4, 0.05), 1.0)
+        while not ended.wait(poll) and not coord.should_stop():
+            with self._lock:
+                step, waited = self._step, time.monotonic() - self._since
+                due = waited >= self._reported + self._timeout_secs
+                if due:
+                    self._reported = waited
+            if not due:
+                continue
+            missing = self._missing_workers()
+            events.emit("fault_noticed", step, error="sync step still waiting for "
+                        f"gradients after {waited:.0f} s", missing=missing)
+            logging.warning(
+                "sync step %d: still waiting for gradients after %.0f s "
+                "(--sync_timeout_secs); %s", step, waited,
+                f"not answering: {', '.join(missing)}" if missing else
+                "every worker answers (a slow or restarting worker?)")

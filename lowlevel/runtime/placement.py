@@ -1,0 +1,240 @@
+"""Where every op runs: variables on ps CPUs, balanced by bytes; compute on the worker.
+
+`tf.compat.v1.train.replica_device_setter` places variable ops on
+`/job:ps/task:K/device:CPU:0` and everything else on the worker's device. Its
+default choice of K is round-robin, which piles a big layer and a small one on
+the same ps; the contrib byte-size balancer is gone from TensorFlow 2. Here the
+model's variables are measured first (built once in a scratch graph) and
+assigned greedily, largest first, each to the least-loaded ps (the LPT rule,
+within 4/3 of the best possible maximum load; Graham 1969).
+
+Whole variables cannot be balanced when one dominates: the first kernel of
+the MLP 784-512-512-10 is 60 % of its bytes, so with 2 ps the fuller one holds
+1.2 times the mean whatever the assignment, and the CNN's dense layer makes it
+1.8. With several ps tasks, variables are therefore split along their first
+axis into shards of at most 1/`SHARDS_PER_PS` of a ps's fair share
+(`partitioner`, TensorFlow's `variable_axis_size_partitioner`): 1.05 for the
+MLP and 1.004 for the CNN with 2 ps. A sharded variable is read as one tensor
+(its shards concatenated on the worker) and saved as one: checkpoints do not
+depend on the number of ps tasks. Variables the plan
+does not know (global_step, optimizer bookkeeping) go to the least-loaded ps
+as they are created. Optimizer slots (Adagrad accumulators, Adam moments) are
+colocated with their variable, so they follow it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional
+
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+PS_CPU = "/job:ps/device:CPU:0"
+SHARDS_PER_PS = 8  # shards of a ps's fair share: max/mean <= 1.075 on the models here
+MIN_SHARD_BYTES = 64 << 10  # no point in splitting smaller than this
+# An embedding table is split into a multiple of num_ps shards of at most this: one
+# shard per ps for the tables here (few shards: each is one gather and one sparse
+# update per step), more only where one would be unwieldy to save and restore.
+TABLE_SHARD_BYTES = 1 << 30
+
+
+def op_bytes(op) -> int:
+    """Bytes of the variable an op creates (`VarHandleOp`, `VariableV2`, ...); 0 if unknown."""
+    try:
+        shape = tf.TensorShape(op.get_attr("shape"))
+        dtype = tf.as_dtype(op.get_attr("dtype"))
+    except (ValueError, TypeError):
+        return 0
+    n = shape.num_elements() if shape.is_fully_defined() else None
+    return (n or 0) * dtype.size
+
+
+def measure_variables(build: Callable[[], object], partitioner=None) -> dict[str, int]:
+    """Builds `build()` in a scratch graph; returns {variable op name: bytes}.
+
+    With `partitioner` the variables are built sharded, and each shard
+    ("model/hidden0/kernel/part_3") is measured.
+    """
+    with tf.Graph().as_default():
+        with v1.variable_scope(v1.get_variable_scope(), partitioner=partitioner):
+            build()
+        return {v.op.name: op_bytes(v.op) for v in v1.global_variables()}
+
+
+def partitioner(num_ps: int, total_bytes: int, table_bytes: int = 0):
+    """The variable partitioner for a model of `total_bytes` on `num_ps` ps tasks, or None.
+
+    Shards of at most max(total_bytes / (SHARDS_PER_PS * num_ps),
+    MIN_SHARD_BYTES) bytes, split along axis 0; None with one ps.
+
+    With embedding tables (`table_bytes` of the total), every table is split
+    by rows into a multiple of `num_ps` equal shards of at most
+    `TABLE_SHARD_BYTES` (`.for_tables` of the result, which `embeddings.table`
+    uses): each ps holds the same share of every table, and a batch's rows,
+    spread over a table by `embeddings.FieldTable`, cost each ps the same.
+    The other variables get an `EvenShards` partitioner of their own bytes:
+    they are read and updated whole every step while a table moves only the
+    rows a batch touches, so per-step traffic is balanced only if the dense
+    part is spread evenly too.
+    """
+    if num_ps <= 1:
+        return None
+    max_shard = max(total_bytes // (SHARDS_PER_PS * num_ps), MIN_SHARD_BYTES)
+    if not table_bytes:
+        return v1.variable_axis_size_partitioner(max_shard_bytes=max_shard)
+    dense = EvenShards(num_ps, max(MIN_SHARD_BYTES, (total_bytes - table_bytes) //
+                                   (SHARDS_PER_PS * num_ps)), split_above=None)
+    dense.for_tables = EvenShards(num_ps, TABLE_SHARD_BYTES, split_above=0)
+    return dense
+
+
+class EvenShards:
+    """Splits a variable into a multiple of `num_ps` shards along axis 0 (a partitioner).
+
+    A variable above `split_above` bytes (default max_shard / num_ps) gets
+    num_ps x ceil(bytes / (num_ps x max_shard)) shards, so the per-group plan
+    gives every ps the same share of it (wide & deep's 429 x 128 kernel on 2
+    ps: 4 shards, its 128 x 128 one: 2); smaller ones stay whole.
+    `for_tables`: the partitioner of the embedding tables, if this one is the
+    dense variables'.
+    """
+
+    def __init__(self, num_ps: int, max_shard: int, split_above=None):
+        self.num_ps = num_ps
+        self.max_shard = max_shard
+        self.split_above = max_shard // num_ps if split_above is None else split_above
+        self.for_tables = None
+
+    def __call__(self, shape, dtype, **_):
+        shape = tf.TensorShape(shape)
+        parts = [1] * shape.rank
+        size = (shape.num_elements() or 0) * tf.as_dtype(dtype).size
+        if shape.rank and size > self.split_above:
+            k = -(-size // (self.max_shard * self.num_ps)) * self.num_ps
+            parts[0] = min(k, shape[0])
+        return parts
+
+
+def measure(build: Callable[[], object], partitioner=None) -> tuple[dict[str, int], set]:
+    """As `measure_variables`, plus the names of the variables that are embedding tables."""
+    from lowlevel.models import embeddings  # noqa: PLC0415 (placement does not need it otherwise
+    with tf.Graph().as_default() as graph:
+        with v1.variable_scope(v1.get_variable_scope(), partitioner=partitioner):
+            build()
+        sizes = {v.op.name: op_bytes(v.op) for v in v1.global_variables()}
+        return sizes, {t.op.name for t in graph.get_collection(embeddings.TABLES)}
+
+
+def grouped_plan(sizes: Mapping[str, int], num_ps: int, group) -> dict[str, int]:
+    """`plan` of the variables in `group` (names) and, separately, of the others.
+
+    Each group is balanced on its own, so both are spread evenly (the tables'
+    bytes would otherwise let the small dense part land anywhere).
+    """
+    inside = {n: b for n, b in sizes.items() if n in group}
+    outside = {n: b for n, b in sizes.items() if n not in group}
+    return {**_spread(inside, num_ps), **plan(outside, num_ps)}
+
+
+def _spread(sizes: Mapping[str, int], num_ps: int) -> dict[str, int]:
+    """Like `plan`, but the shards of one variable ("name/part_K") go to the ps tasks in turn.
+
+    A table's traffic follows the rows a batch touches, which its shards share
+    evenly: so each split table is spread evenly (its shard count is a multiple
+    of num_ps, `EvenShards`), largest tables first, starting at the least-loaded ps.
+    """
+    groups: dict[str, list] = {}
+    for name in sorted(sizes):
+        groups.setdefault(name.rsplit("/part_", 1)[0], []).append(name)
+    loads, assignment = [0] * num_ps, {}
+    for _, names in sorted(groups.items(), key=lambda kv: (-sum(sizes[n] for n in kv[1]), kv[0])):
+        order = sorted(range(num_ps), key=lambda i: (loads[i], i))
+        for j, name in enumerate(sorted(names, key=lambda n: (-sizes[n], n))):
+            k = order[j % num_ps] if len(names) > 1 else order[0]
+            assignment[name] = k
+            loads[k] += sizes[name]
+    return assignment
+
+
+def plan(sizes: Mapping[str, int], num_ps: int) -> dict[str, int]:
+    """Assigns each variable to a ps task: largest first, to the least-loaded.
+
+    Args:
+      sizes: {variable op name: bytes}.
+      num_ps: number of ps tasks (>= 1).
+    Returns:
+      {variable op name: ps task index}. Deterministic: ties go to the lower
+      task index and, among equal sizes, to the name that sorts first.
+    """
+    loads = [0] * num_ps
+    assignment = {}
+    for name, size in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
+        k = min(range(num_ps), key=lambda i: (loads[i], i))
+        assignment[name] = k
+        loads[k] += size
+    return assignment
+
+
+def loads(sizes: Mapping[str, int], assignment: Mapping[str, int], num_ps: int) -> list[int]:
+    """Bytes held by each ps task under `assignment`."""
+    out = [0] * num_ps
+    for name, k in assignment.items():
+        out[k] += sizes.get(name, 0)
+    return out
+
+
+class ByteBalancedStrategy:
+    """A `ps_strategy` for `replica_device_setter`: `__call__(op) -> ps task index`.
+
+    Follows `plan(sizes, num_ps)` (`grouped_plan` with the names of the embedding
+    `tables`) for the variables it knows and sends any other
+    variable op to the currently least-loaded ps.
+    """
+
+    def __init__(self, sizes: Mapping[str, int], num_ps: int, tables=()):
+        self._num_ps = num_ps
+        self.assignment = grouped_plan(sizes, num_ps, set(tables)) if tables else \
+            plan(sizes, num_ps)
+        self.loads = loads(sizes, self.assignment, num_ps)
+
+    def __call__(self, op) -> int:
+        if op.name in self.assignment:
+            return self.assignment[op.name]
+        k = min(range(self._num_ps), key=lambda i: (self.loads[i], i))
+        self.loads[k] += op_bytes(op)
+        self.assignment[op.name] = k
+        return k
+
+
+def worker_device(task_index: int, worker_gpu: int, job_name: str = "worker") -> str:
+    """The device of a training task's compute: GPU `task_index mod worker_gpu`, or its CPU.
+
+    E.g. worker_device(3, 2) == "/job:worker/task:3/device:GPU:1".
+    """
+    if worker_gpu > 0:
+        return f"/job:{job_name}/task:{task_index}/device:GPU:{task_index % worker_gpu}"
+    return f"/job:{job_name}/task:{task_index}/device:CPU:0"
+
+
+def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
+                  sizes: Optional[Mapping[str, int]] = None, job_name: str = "worker",
+                  tables=()):
+    """A device function for `tf.device(...)` on training task `job_name`/`task_index`.
+
+    Args:
+      cluster: {"ps": [...], "worker": [...]} (as `Cluster.as_dict()`).
+      task_index: this task's index in its job.
+      worker_gpu: GPUs per worker (0: compute on the worker's CPU).
+      sizes: {variable op name: bytes} of the model, from `measure_variables`.
+      job_name: "worker", or "chief" for the task of a chief job.
+      tables: the names in `sizes` that are embedding tables (planned apart).
+    Returns:
+      The `replica_device_setter` device function.
+    """
+    num_ps = len(cluster["ps"])
+    return v1.train.replica_device_setter(
+        ps_device=PS_CPU,
+        worker_device=worker_device(task_index, worker_gpu, job_name),
+        cluster=dict(cluster),
+        ps_strategy=ByteBalancedStrategy(sizes or {}, num_ps, tables))

@@ -1,0 +1,294 @@
+"""The end of training: how every task of a cluster learns that the run is over, and exits 0.
+
+A `tf.compat.v1.train.Server` cannot be stopped, and `server.join()` never
+returns (tensorflow/tensorflow#4713, tensorflow/ecosystem#19), so the classic
+ps task runs until somebody kills it. Here the end goes through the cluster
+itself, with two queues that live in the ps tasks' resource managers (shared
+by name, so every session that builds them gets the same queue):
+
+- `lowlevel/workers_done` on ps 0: each non-chief worker enqueues its replica
+  index when its training loop has ended;
+- `lowlevel/stop_ps<K>` on ps K: the chief enqueues one element when the run
+  is over; ps K waits on it (`run_std_server`) and exits 0.
+
+The protocol, step by step, is `end_of_training_hooks` (the order of the
+hooks' `end` calls, which `MonitoredSession` makes in list order inside the
+session, before it closes), `run_std_server` (the ps side) and `stop_cluster`
+(a chief restarted on a finished run).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel import events
+from lowlevel.cluster.spec import Cluster, Task
+from lowlevel.cluster.probes import POLL_SECS, StartupError, reachable, wait_for_ps
+
+v1 = tf.compat.v1
+
+# How long a worker's port must refuse connections before the chief, at the end
+# of training, stops waiting for that worker's report.
+GONE_SECS = 2.0
+# After the chief's stop signal a ps keeps serving this long, so that the
+# clean-up calls of sessions closing at that moment (the chief's among them)
+# still reach it instead of logging "Cleanup partition error: UNAVAILABLE".
+LINGER_SECS = 0.5
+# Seconds a report or a stop signal may take before the ps is taken to be gone.
+SIGNAL_TIMEOUT_MS = 10_000
+
+
+def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
+                          channel: Optional["ShutdownChannel"],
+                          training: Sequence[v1.train.SessionRunHook], *,
+                          checkpoint: Optional[v1.train.SessionRunHook] = None,
+                          final_eval: Optional[v1.train.SessionRunHook] = None,
+                          timeout_secs: float = 60.0,
+                          preempted: Optional[threading.Event] = None) -> list:
+    """The task's hooks, in the order that is the end-of-training protocol.
+
+    `MonitoredSession` calls every hook's `end` in list order, inside the
+    session, when the training loop is over. Running there, before the session
+    is closed, means no new session is needed (creating one can wait seconds
+    behind the closing one's clean-up, tensorflow/tensorflow#21745). The end
+    of a run, step by step:
+
+    1. Every worker's loop stops at the last step (`loop.run`; the counted
+       update and the sync hook make the global step end at exactly
+       `--train_steps`).
+    2. A non-chief worker: its `training` hooks end (its throughput figures),
+       then it enqueues its replica index on ps 0's `workers_done` queue
+       (`ReportDoneHook`) and exits. Best effort: if ps 0 is down, the chief
+       notices the worker's exit instead.
+    3. The chief first waits (`WaitForWorkersHook`) until every other worker
+       has reported, or its server has refused connections for `GONE_SECS`
+       (it exited or died after its last step), or `timeout_secs` have
+       passed (logged: the run goes on without it).
+    4. The chief's `training` hooks end (the progress hook reads the final
+       global step, which now holds every worker's last update).
+    5. `checkpoint`: the final checkpoint, of that final state.
+    6. `final_eval`: the final evaluation on the test split.
+    7. The chief enqueues one element on each ps's `stop_ps<K>` queue
+       (`StopPsHook`); a ps already gone is logged and skipped.
+    8. Each ps (`run_std_server`) dequeues it, keeps serving `LINGER_SECS`
+       for the clean-up calls of the closing sessions, and exits 0.
+
+    When `preempted` is set (SIGTERM/SIGINT), steps 2, 3, 6 and 7 do nothing:
+    the task will be back and the run is not over; the chief's checkpoint
+    (5) is still saved. A chief restarted on a finished run skips all of it
+    and calls `stop_cluster` instead. In-process (no `channel`) the list is
+    the training hooks, the checkpoint and the final evaluation.
+
+    Args:
+      task: this training task.
+      cluster: the cluster, None in-process.
+      channel: the `ShutdownChannel` in the graph, None in-process.
+      training: the hooks of the training loop itself (progress, sync,
+        summaries); their order among themselves is kept.
+      checkpoint: the chief's `hooks.CheckpointHook`, or None.
+      final_eval: the chief's `evaluation.FinalEvalHook`, or None.
+      timeout_secs: the chief's longest wait in step 3, seconds.
+      preempted: set when the task is being preempted.
+
+    Returns:
+      The hooks for `MonitoredSession`, in order.
+    """
+    preempted = preempted or threading.Event()
+    training = list(training)
+    if channel is None:
+        return training + [h for h in (checkpoint, final_eval) if h is not None]
+    if not task.is_chief:
+        return training + [ReportDoneHook(channel, task, preempted)]
+    others = {t.replica_index: cluster.hosts(t.job_name)[t.task_index]
+              for t in cluster.training_tasks() if not t.is_chief}
+    return ([WaitForWorkersHook(channel, others, timeout_secs, preempted)] + training +
+            [h for h in (checkpoint, final_eval) if h is not None] +
+            [StopPsHook(channel, preempted)])
+
+
+def queue(name: str, device: str, capacity: int = 1024):
+    """An int32 FIFO queue in `device`'s resource manager, shared by `name` across graphs."""
+    with v1.device(device):
+        return v1.FIFOQueue(capacity, [tf.int32], shapes=[[]], shared_name=name,
+                            name=name.replace("/", "_"))
+
+
+def ps_device(k: int) -> str:
+    return f"/job:ps/task:{k}/device:CPU:0"
+
+
+class ShutdownChannel:
+    """The shutdown queues, built into the current graph (before it is finalised)."""
+
+    def __init__(self, num_ps: int):
+        self.num_ps = num_ps
+        self._task_index = v1.placeholder(tf.int32, [], name="shutdown_task_index")
+        done = queue("lowlevel/workers_done", ps_device(0))
+        self._report_done = done.enqueue(self._task_index)
+        self._next_done = done.dequeue()
+        self._stop_ps = [queue(f"lowlevel/stop_ps{k}", ps_device(k)).enqueue(0)
+                         for k in range(num_ps)]
+
+    def report_done(self, sess, task_index: int) -> None:
+        """Tells the chief that training task `task_index` (its replica index) has finished.
+
+        Best effort: if ps 0 cannot be reached (it is being restarted), the
+        chief notices this worker's exit instead (`wait_for_workers`).
+        """
+        try:
+            sess.run(self._report_done, {self._task_index: task_index},
+                     options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError) as e:
+            logging.warning("could not report the end of training to ps0: %s", e.message)
+
+    def wait_for_workers(self, sess, workers: dict[int, str], timeout_secs: float,
+                         stop: Optional[threading.Event] = None) -> dict[int, str]:
+        """Waits until every worker has reported done or is gone; returns the ones still missing.
+
+        A worker counts as gone once its server has refused connections for
+        `GONE_SECS`: it exited (or died) after its last step, or its report
+        was lost with a restarted ps 0. A worker restarted after this point
+        finds the final checkpoint and exits at once.
+
+        Args:
+          workers: {replica index: "host:port"} of the workers to hear from.
+          timeout_secs: the longest wait, seconds.
+          stop: ends the wait early when set (the chief is being preempted).
+        """
+        missing = dict(workers)
+        refused_since: dict[int, float] = {}
+        deadline = time.monotonic() + timeout_secs
+        while missing and time.monotonic() < deadline and not (stop and stop.is_set()):
+            ms = int(min(POLL_SECS, max(0.0, deadline - time.monotonic())) * 1000) + 1
+            try:
+                missing.pop(int(sess.run(self._next_done,
+                                         options=v1.RunOptions(timeout_in_ms=ms))), None)
+                continue
+            except tf.errors.DeadlineExceededError:
+                pass
+            now = time.monotonic()
+            for i, address in list(missing.items()):
+                if reachable(address, 0.2):
+                    refused_since.pop(i, None)
+                elif now - refused_since.setdefault(i, now) >= GONE_SECS:
+                    logging.info("chief: the worker at %s has exited; not waiting for its "
+                                 "report", address)
+                    del missing[i]
+        return missing
+
+    def stop_ps(self, sess) -> None:
+        """Tells every ps task to exit. A ps that is already gone is logged and skipped."""
+        for k, op in enumerate(self._stop_ps):
+            try:
+                sess.run(op, options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
+            except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                    tf.errors.AbortedError) as e:
+                logging.warning("could not reach ps%d to stop it: %s", k, e.message)
+
+
+class ReportDoneHook(v1.train.SessionRunHook):
+    """Protocol step 2: a non-chief worker reports that it is done (not when preempted)."""
+
+    def __init__(self, channel: ShutdownChannel, task: Task, preempted: threading.Event):
+        self._channel, self._task, self._preempted = channel, task, preempted
+
+    def end(self, session):
+        if not self._preempted.is_set():
+            self._channel.report_done(session, self._task.replica_index)
+
+
+class WaitForWorkersHook(v1.train.SessionRunHook):
+    """Protocol step 3: the chief waits for the other workers' reports (not when preempted).
+
+    Args:
+      channel: the `ShutdownChannel` in the graph.
+      workers: {replica index: "host:port"} of the other training tasks.
+      timeout_secs: the longest wait, seconds (`--shutdown_timeout_secs`).
+      preempted: set when the chief is being preempted.
+    """
+
+    def __init__(self, channel: ShutdownChannel, workers: dict[int, str],
+                 timeout_secs: float, preempted: threading.Event):
+        self._channel, self._workers = channel, workers
+        self._timeout_secs, self._preempted = timeout_secs, preempted
+
+    def end(self, session):
+        if self._preempted.is_set():
+            return
+        missing = self._channel.wait_for_workers(session, self._workers, self._timeout_secs,
+                                                 self._preempted)
+        if missing and not self._preempted.is_set():
+            logging.warning("chief: no end-of-training report from the workers at %s within "
+                            "%.0f s; going on without them", ", ".join(missing.values()),
+                            self._timeout_secs)
+
+
+class StopPsHook(v1.train.SessionRunHook):
+    """Protocol step 7: the chief tells every ps task to exit (not when preempted)."""
+
+    def __init__(self, channel: ShutdownChannel, preempted: threading.Event):
+        self._channel, self._preempted = channel, preempted
+
+    def end(self, session):
+        if self._preempted.is_set():
+            return
+        self._channel.stop_ps(session)
+        logging.info("chief: told %d ps task(s) to exit", self._channel.num_ps)
+
+
+def stop_cluster(server, cluster: Cluster, config, timeout_secs: float) -> None:
+    """Step 7 for a chief with nothing to train: tells every ps task to exit, from its own session.
+
+    The ps tasks may be starting (the whole cluster was restarted on a
+    finished run) or long gone (only the chief was restarted, after the
+    protocol had run). A ps that does not answer within `timeout_secs`
+    seconds is taken to have exited already (logged, not an error).
+    """
+    try:
+        wait_for_ps(cluster, timeout_secs)
+    except StartupError as e:
+        logging.warning("chief: not stopping the ps tasks: %s", e)
+        return
+    with tf.Graph().as_default():
+        channel = ShutdownChannel(cluster.num_ps)
+        with v1.Session(server.target, config=config) as sess:
+            channel.stop_ps(sess)
+    logging.info("chief: told %d ps task(s) to exit", cluster.num_ps)
+
+
+def run_std_server(server, task: Task, config=None) -> int:
+    """Step 8: serves as ps `task.task_index` until the chief's stop signal; returns 0.
+
+    The wait for the signal is one blocking dequeue in a helper thread (a
+    polling dequeue with a deadline makes the ps cancel a step every poll).
+    SIGTERM and SIGINT are handled by `preemption.Preemption`, which ends the
+    process at once (a ps has nothing to save: the chief's checkpoints are the
+    state that survives it).
+    """
+    start_time = time.monotonic()
+    stopped = threading.Event()
+    with tf.Graph().as_default():
+        wait = queue(f"lowlevel/stop_ps{task.task_index}", ps_device(task.task_index)
+                      ).dequeue()
+        sess = v1.Session(server.target, config=config)
+
+    def wait_for_chief():
+        sess.run(wait)
+        stopped.set()
+
+    threading.Thread(target=wait_for_chief, name="wait_for_chief", daemon=True).start()
+    logging.info("%s: serving variables; will exit when the chief signals the end of "
+                 "training", task.name)
+    events.emit("serving")
+    stopped.wait()
+    logging.info("%s: the chief signalled the end of training after %.1f s; exiting",
+                 task.name, time.monotonic() - start_time)
+    events.emit("stopped", served_secs=round(time.monotonic() - start_time, 3))
+    time.sleep(LINGER_SECS)
+    return 0

@@ -1,0 +1,1 @@
+"""Test and benchmark harnesses: hosts as network namespaces."""
