@@ -37,6 +37,7 @@ from typing import Optional
 from benchmarks import _reference, _runners
 from benchmarks._links import LinkWatcher, link_rates, shape, wait_until
 from lowlevel.testing import netns
+from lowlevel import output_layout
 
 PORT = 2222
 
@@ -161,11 +162,11 @@ class OnHosts:
                     return {"ok": False, "skipped": _runners._error_line(procs.log(name))}
                 if code != 0:
                     return {"ok": False, "error": f"{name} exited {code}:\n{procs.log(name)}"}
-            tasks = [_runners._read_json(os.path.join(out, "tasks", f"worker{i}.json"))
+            tasks = [_runners._read_json(output_layout.task_record(out, f"worker{i}"))
                      for i in range(num_workers)]
             if None in tasks:
                 return {"ok": False, "error": f"a worker wrote no tasks/worker*.json in {out}"}
-            metrics = _runners._read_json(os.path.join(out, "final_metrics.json")) or {}
+            metrics = _runners._read_json(output_layout.final_metrics(out)) or {}
             run = self._summary(tasks, watcher, batch_size, procs.launched)
             run.update(shutdown_secs=_runners._shutdown(watcher, tasks), shutdown_note=None,
                        startup_import_secs=_runners.imported_secs(out, procs.launched),

@@ -7,7 +7,7 @@ model with `variables` ({variable: [bytes, ps index]}), `loads` (bytes per ps),
 `params` and `imbalance` (largest load / mean load).
 
 It builds worker 0's real training graph the way the trainer does
-(`lowlevel.trainer.task_from_flags` / `config_from_flags`, `lowlevel.runtime.graph.build`) for
+(`lowlevel.cli.task_from_flags` / `config_from_flags`, `lowlevel.runtime.graph.build`) for
 a cluster of `--num_ps` ps and 2 workers on unused addresses (nothing connects), and reads
 where each trainable variable landed. So the figure follows whatever placement the runtime
 uses (whole variables, or shards), not a copy of its rule. Every step moves each trainable
@@ -37,7 +37,8 @@ def main(argv) -> int:
             return 2
         opts[key] = value
     num_ps = int(opts["--num_ps"])
-    from lowlevel import trainer  # defines the trainer's flags
+    from lowlevel import cli
+    cli.define_trainer_flags()
     from lowlevel.tf_import import import_tensorflow
     tf = import_tensorflow()
     from lowlevel.data import images as data_lib
@@ -53,8 +54,8 @@ def main(argv) -> int:
                      f"--worker_hosts=127.0.0.1:{num_ps + 1},127.0.0.1:{num_ps + 2}",
                      "--job_name=worker", "--task_index=0", "--dataset=synthetic",
                      f"--model={model}", f"--hidden_units={opts['--hidden_units']}"])
-        cluster, task, _ = trainer.task_from_flags()
-        config = trainer.config_from_flags(cluster.num_workers)
+        cluster, task, _ = cli.task_from_flags()
+        config = cli.config_from_flags(cluster.num_workers)
         g = graph_lib.build(config, data, cluster, task, 0)
         variables, loads = {}, [0] * num_ps
         for v in g.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):

@@ -39,7 +39,7 @@ import psutil
 
 from benchmarks import _reference
 from benchmarks._measure import Watcher, kill_tree
-from lowlevel import events
+from lowlevel import events, output_layout
 from lowlevel.ops import lifetime
 from lowlevel.tf_import import skip_keras
 
@@ -247,11 +247,11 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
         return {"ok": False, "error": f"{name} exited {main.returncode}:\n{log}"}
     tasks = []
     for i in range(num_workers):
-        rec = _read_json(os.path.join(out, "tasks", f"worker{i}.json"))
+        rec = _read_json(output_layout.task_record(out, f"worker{i}"))
         if rec is None:
             return {"ok": False, "error": f"no tasks/worker{i}.json in {out}"}
         tasks.append(rec)
-    metrics = _read_json(os.path.join(out, "final_metrics.json")) or {}
+    metrics = _read_json(output_layout.final_metrics(out)) or {}
     run = summarise(tasks, watcher, batch_size, launched, [[t["task"]] for t in tasks])
     run.update(ok=True, shutdown_secs=_shutdown(watcher, tasks), shutdown_note=None,
                startup_import_secs=imported_secs(out, launched),

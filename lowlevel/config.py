@@ -1,9 +1,9 @@
 """Typed, validated configuration of one training task.
 
-Flags are parsed only at the edge (`lowlevel.trainer`); everything below takes a
+Flags are parsed only at the edge (`lowlevel.cli`); everything below takes a
 `TrainConfig`. `TrainConfig`'s fields are the single source of the trainer's
 flags: each holds its default, `--help` text, choices and bounds (`_field`),
-and `lowlevel.trainer.define_config_flags` makes one absl flag per field. To
+and `define_flags` makes one absl flag per field (for `lowlevel.cli`). To
 add an option, add a field here. This module imports no TensorFlow so that
 the launcher and the CLI can validate input before paying TensorFlow's
 multi-second import.
@@ -12,8 +12,9 @@ multi-second import.
 from __future__ import annotations
 
 import dataclasses
-import sys
-from typing import Callable, Optional
+from typing import Optional
+
+from lowlevel.errors import UsageError
 
 MODELS = ("softmax", "mlp", "cnn", "wide_deep")
 DATASETS = ("digits", "mnist", "synthetic", "movielens", "synthetic_ctr")
@@ -42,51 +43,6 @@ DEFAULT_LEARNING_RATES = {"adagrad": 0.1, "sgd": 0.1, "momentum": 0.05, "adam": 
 DATASET_DEFAULTS = {"movielens": {"optimizer": "adam", "batch_size": 256, "train_steps": 4000,
                                   "hidden_units": (64,), "embedding_l2": 0.05,
                                   "hash_buckets": 100000}}
-
-
-class UsageError(ValueError):
-    """A configuration value is wrong. The message names the value and what is expected."""
-
-
-class RuntimeFailure(RuntimeError):
-    """Something outside the configuration failed (a task never came up, no checkpoint came).
-
-    The message says what, and where to look. The trainer exits 1 on it.
-    """
-
-
-def exit_status_main(prog: str, main: Callable[[list], int]) -> Callable[[list], None]:
-    """An `absl.app.run` main that exits with `main(argv)`'s status.
-
-    A `UsageError` becomes one line on stderr (`<prog>: error: ...`) and exit 2.
-    """
-    def run(argv):
-        try:
-            sys.exit(main(argv))
-        except UsageError as e:
-            sys.stderr.write(f"{prog}: error: {e}\n")
-            sys.exit(2)
-    return run
-
-
-def flags_parser(prog: str, hint: Optional[str] = None):
-    """An absl `flags_parser` that turns a flag error into one line on stderr and exit 2.
-
-    Args:
-      prog: the name the line starts with (`<prog>: error: ...`).
-      hint: a second line; default `(python -m <prog> --help lists the flags)`.
-    """
-    from absl import flags
-
-    hint = f"(python -m {prog} --help lists the flags)" if hint is None else hint
-
-    def parse(argv):
-        try:
-            return flags.FLAGS(argv)
-        except flags.Error as e:
-            sys.stderr.write(f"{prog}: error: {e}\n" + (f"{hint}\n" if hint else ""))
-            sys.exit(2)
-    return parse
 
 
 def check_schedule(schedule: str | None, job_name: str) -> str:

@@ -1,4 +1,10 @@
-"""The exit-status table of a task: what it means and whether a restart can help.
+"""Every error of lowlevel, the exit-status table, and the one place TensorFlow's errors are classified.
+
+Errors: `UsageError` (a bad flag or `TF_CONFIG`: exit 2), `RuntimeFailure` (something
+outside the configuration failed: exit 1) and its retryable kind `TransientFailure`
+(exit 200); each concrete error below names the one of them it is.
+
+The exit-status table: what a status means and whether a restart can help.
 
 One table for the trainer, the launcher, the Kubernetes manifests and any
 cluster manager. Kubernetes Jobs and the training operator's `TFJob` read exit
@@ -17,15 +23,17 @@ exits 128 + N), and a Job's `podFailurePolicy` can say the same. So:
 200 is above every signal number Linux has (at most 64, so 128 + N <= 192),
 so it never reads as "killed by a signal".
 
-No TensorFlow import here: the launcher imports this module.
+TensorFlow's own errors (`tf.errors.*`) are classified here and nowhere else
+(`lost_session`, `peer_unreachable`, `storage_error`, `status_of`), by class name, so
+this module imports no TensorFlow: the launcher and the CLIs import it before
+(or without) TensorFlow's multi-second import.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
-
-from lowlevel.config import RuntimeFailure, UsageError
+from typing import Optional
 
 SUCCESS = 0
 FAILURE = 1
@@ -34,9 +42,89 @@ TRANSIENT = 200
 SIGNAL_BASE = 128  # a process stopped by signal N exits SIGNAL_BASE + N
 
 
+class UsageError(ValueError):
+    """A configuration value is wrong. The message names the value and what is expected.
+
+    Exit status 2 (`USAGE`): fix the command line.
+    """
+
+
+class RuntimeFailure(RuntimeError):
+    """Something outside the configuration failed (a task never came up, no checkpoint came).
+
+    The message says what, and where to look. Exit status 1 (`FAILURE`), unless it is
+    a `TransientFailure`.
+    """
+
+
 class TransientFailure(RuntimeFailure):
     """A failure that a restart of the task can fix (a peer that never answered, a host
     name that never resolved, no new checkpoint in time). The trainer exits `TRANSIENT`."""
+
+
+# Permanent failures (exit status 1): a restart meets the same files.
+
+class DataError(RuntimeFailure):
+    """The data files are missing, truncated or not what they claim to be
+    (`lowlevel.data.images`). A restart reads the same files."""
+
+
+class MovieLensError(RuntimeFailure):
+    """The MovieLens files are missing, truncated or malformed; the message names the file
+    (`lowlevel.data.movielens`)."""
+
+
+class CheckpointMismatch(RuntimeFailure):
+    """The checkpoint in `--output_dir` does not fit the model being built
+    (`lowlevel.outputs.checkpoints.check_compatible`). A restart finds the same checkpoint."""
+
+
+class NoReadableCheckpoint(RuntimeFailure):
+    """`--output_dir` lists checkpoints but none of them can be read."""
+
+
+class StorageFailure(RuntimeFailure):
+    """`--max_checkpoint_failures` checkpoint saves in a row failed (`lowlevel.outputs.storage`):
+    a restart would hit the same full or read-only disk."""
+
+
+# Retryable failures (exit status 200).
+
+class StartupError(TransientFailure):
+    """The cluster did not come together: a task never answered, or its host name never
+    resolved, within the start-up timeout (`lowlevel.cluster.probes`)."""
+
+
+class NetworkFault(TransientFailure):
+    """Peers did not answer for longer than `--fault_timeout_secs` (`lowlevel.runtime.faults`)."""
+
+
+class EvalTimeout(TransientFailure):
+    """No new checkpoint appeared within `--eval_timeout_secs` before the final one
+    (`lowlevel.runtime.evaluation`): the chief may be down or restarting; a restarted
+    evaluator picks up where it was."""
+
+
+class TrainingFinished(Exception):
+    """The newest checkpoint has reached `--train_steps`: there is nothing left to train.
+
+    Not a failure: the trainer ends the run (`runtime.finish.finished_run`) and exits 0.
+
+    Attributes:
+      path: the checkpoint's path prefix.
+      step: its global step.
+    """
+
+    def __init__(self, path: str, step: int):
+        super().__init__(f"checkpoint {os.path.basename(path)} is at global step {step}")
+        self.path, self.step = path, step
+
+
+class NoLiveSession(Exception):
+    """The monitored session has no live `tf.Session`: it is being recreated after a failure.
+
+    Raised and caught inside the training loop (`lowlevel.runtime.loop`); never ends a task.
+    """
 
 
 def signal_status(signum: int) -> int:
@@ -58,28 +146,87 @@ def is_retryable(code: int) -> bool:
     return code < 0 or code >= SIGNAL_BASE
 
 
-# TensorFlow errors that mean the cluster, not this task, failed: a ps or the
-# chief went away and the session could not be recreated in time.
-_TRANSIENT_TF_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError",
-                        "CancelledError")
+# TensorFlow's errors (`tf.errors.*`), by class name. A run that lost its ps, or its
+# session (replaced after a failure): the ps went away, it came back without the
+# model, or the session was closed under the run.
+LOST_SESSION = frozenset({"UnavailableError", "AbortedError", "CancelledError",
+                          "NotFoundError", "FailedPreconditionError"})
+# A peer that cannot be reached now: gone, restarting, or silent past a deadline.
+PEER_UNREACHABLE = frozenset({"UnavailableError", "DeadlineExceededError", "AbortedError",
+                              "CancelledError"})
+# What escaped session recovery and ends a task as retryable (`TRANSIENT`): the
+# cluster, not this task, failed (a ps or the chief went away and did not come back).
+TRANSIENT_TF = PEER_UNREACHABLE
+# A write to `--output_dir` that failed: full (ResourceExhausted), read-only
+# (PermissionDenied), the directory gone (NotFound, FailedPrecondition), a write cut
+# short (DataLoss, Unknown).
+STORAGE = frozenset({"ResourceExhaustedError", "PermissionDeniedError",
+                     "FailedPreconditionError", "NotFoundError", "UnknownError",
+                     "DataLossError"})
+
+
+def tf_error_name(error: BaseException) -> Optional[str]:
+    """The class name of a TensorFlow `tf.errors.OpError` ("UnavailableError", ...), else None.
+
+    Found through the class's bases (TensorFlow's `OpError` lives in a private module),
+    so TensorFlow need not be imported to ask.
+    """
+    for cls in type(error).__mro__:
+        if cls.__name__ == "OpError" and cls.__module__.startswith("tensorflow"):
+            return type(error).__name__
+    return None
+
+
+def lost_session(error: BaseException) -> bool:
+    """Whether `error` is what a run on a lost session raises (not a bug to surface).
+
+    A TensorFlow error of `LOST_SESSION`, `NoLiveSession`, and the `RuntimeError`
+    of a `tf.Session` closed under the run ("Attempted to use a closed
+    Session."); any other `RuntimeError` is a bug.
+    """
+    if isinstance(error, NoLiveSession) or tf_error_name(error) in LOST_SESSION:
+        return True
+    return isinstance(error, RuntimeError) and "closed Session" in str(error)
+
+
+def peer_unreachable(error: BaseException) -> bool:
+    """Whether `error` is a TensorFlow error of a peer that cannot be reached now
+    (`PEER_UNREACHABLE`): a best-effort signal to it is given up, not raised."""
+    return tf_error_name(error) in PEER_UNREACHABLE
+
+
+def storage_error(error: BaseException) -> bool:
+    """Whether `error` is a failed write to `--output_dir`: an `OSError`, a `ValueError` of
+    TensorFlow's saver, or a TensorFlow error of `STORAGE`."""
+    return isinstance(error, (OSError, ValueError)) or tf_error_name(error) in STORAGE
+
+
+def is_runtime_failure(error: BaseException) -> bool:
+    """Failures of the cluster or the files (a `RuntimeFailure`, an `OSError`, any TensorFlow
+    error), as opposed to bugs, which keep their traceback."""
+    return isinstance(error, (RuntimeFailure, OSError)) or tf_error_name(error) is not None
+
+
+def one_line(error: BaseException) -> str:
+    """One line for a failure: ours carry their message; TensorFlow's and others get their
+    type and the first line of theirs."""
+    if isinstance(error, RuntimeFailure):
+        return str(error)
+    message = getattr(error, "message", None) or str(error)
+    return f"{type(error).__name__}: {message.strip().splitlines()[0] if message else ''}"
 
 
 def status_of(error: BaseException) -> int:
     """The exit status for an exception that ended a task (see the table above).
 
-    `UsageError` -> `USAGE`; `TransientFailure` and a TensorFlow
-    `UnavailableError`, `AbortedError`, `DeadlineExceededError` or
-    `CancelledError` that escaped session recovery -> `TRANSIENT`; anything
-    else (a `RuntimeFailure`, another TensorFlow error, a bug) -> `FAILURE`.
+    `UsageError` -> `USAGE`; `TransientFailure` and a TensorFlow error of
+    `TRANSIENT_TF` that escaped session recovery -> `TRANSIENT`; anything else
+    (a `RuntimeFailure`, another TensorFlow error, a bug) -> `FAILURE`.
     """
     if isinstance(error, UsageError):
         return USAGE
-    if isinstance(error, TransientFailure):
+    if isinstance(error, TransientFailure) or tf_error_name(error) in TRANSIENT_TF:
         return TRANSIENT
-    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
-    if tf_errors is not None and isinstance(error, tf_errors.OpError):
-        if type(error).__name__ in _TRANSIENT_TF_ERRORS:
-            return TRANSIENT
     return FAILURE
 
 

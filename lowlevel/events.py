@@ -65,16 +65,11 @@ import threading
 import time
 from typing import Optional
 
-EVENTS_DIR = "events"
+from lowlevel import output_layout
 
 _lock = threading.Lock()
 _sink: Optional[dict] = None  # {"fd": int, "task": str} once `open_log` was called
 _failing = False  # the last write failed (a full or read-only disk): warned once
-
-
-def path(output_dir: str, task_name: str) -> str:
-    """`<output_dir>/events/<task_name>.jsonl`."""
-    return os.path.join(output_dir, EVENTS_DIR, f"{task_name}.jsonl")
 
 
 def open_log(output_dir: Optional[str], task_name: str) -> None:
@@ -86,8 +81,8 @@ def open_log(output_dir: Optional[str], task_name: str) -> None:
     global _sink
     if not output_dir:
         return
-    os.makedirs(os.path.join(output_dir, EVENTS_DIR), exist_ok=True)
-    fd = os.open(path(output_dir, task_name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.makedirs(output_layout.events_dir(output_dir), exist_ok=True)
+    fd = os.open(output_layout.events_file(output_dir, task_name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     with _lock:
         _sink = {"fd": fd, "task": task_name}
 
@@ -137,7 +132,7 @@ def read(file_path: str) -> list[dict]:
 
 def read_all(output_dir: str) -> list[dict]:
     """Every task's records, sorted by `unix_time`."""
-    directory = os.path.join(output_dir, EVENTS_DIR)
+    directory = output_layout.events_dir(output_dir)
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
     except FileNotFoundError:
@@ -154,7 +149,7 @@ class Follower:
     """
 
     def __init__(self, output_dir: str):
-        self._dir = os.path.join(output_dir, EVENTS_DIR)
+        self._dir = output_layout.events_dir(output_dir)
         self._offsets: dict[str, int] = {}
 
     def new(self) -> list[dict]:

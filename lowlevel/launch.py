@@ -39,12 +39,12 @@ import time
 import portpicker
 from absl import app, flags
 
-from lowlevel.ops import forking
+from lowlevel import cli, output_layout
 from lowlevel.ops import isolation
-from lowlevel import trainer  # defines the trainer flags passed on
-from lowlevel.config import UsageError, exit_status_main, flags_parser
+from lowlevel.errors import UsageError
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 
+cli.define_trainer_flags()  # the flags passed on to every task
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 1, "Number of ps tasks.")
 flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the chief).")
@@ -67,14 +67,10 @@ flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
-CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index", "schedule")
-
-
 def trainer_args() -> list[str]:
     """The trainer flags set on this command line, serialised to pass on."""
-    names = [f.name for f in FLAGS.get_key_flags_for_module(sys.modules["lowlevel.trainer"])]
-    names.append("verbosity")
-    for name in CLUSTER_FLAGS:
+    names = cli.trainer_flag_names() + ["verbosity"]
+    for name in cli.CLUSTER_FLAGS:
         if FLAGS[name].present:
             raise UsageError(f"--{name} is set by the launcher; use --num_ps/--num_workers")
     return [FLAGS[n].serialize() for n in names if FLAGS[n].present and n != "output_dir"]
@@ -95,6 +91,19 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
     return tasks
 
 
+def preload(verbose: bool = False) -> float:
+    """Imports TensorFlow (graph mode, `lowlevel.tf_import`) into the launcher before it
+    forks its tasks (`lowlevel.ops.forking`); returns the seconds it took.
+
+    Args:
+      verbose: keep TensorFlow's import-time log lines (the tasks' `--verbosity>=1`).
+    """
+    started = time.monotonic()
+    from lowlevel.tf_import import import_tensorflow
+    import_tensorflow(verbose=verbose)
+    return time.monotonic() - started
+
+
 def main(argv) -> int:
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
@@ -106,10 +115,10 @@ def main(argv) -> int:
         raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
     extra = trainer_args()
-    trainer.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
+    cli.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    trainer.ensure_writable(output_dir)
+    output_layout.ensure_writable(output_dir)
     where = "on localhost"
     if not FLAGS.no_isolation:  # before any thread or port: the tasks inherit the namespace
         how, why = isolation.confine()
@@ -127,7 +136,7 @@ def main(argv) -> int:
           f"output in {output_dir}", flush=True)
     started = time.monotonic()
     if FLAGS.fork:
-        forking.preload(verbose=FLAGS.verbosity >= 1)
+        preload(verbose=FLAGS.verbosity >= 1)
     sup = Supervisor(commands, max_restarts=FLAGS.max_restarts, fork=FLAGS.fork)
 
     def on_signal(signum, frame):
@@ -144,7 +153,7 @@ def main(argv) -> int:
     if code == 0:
         print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s"
               f"{f' (restarts: {restarted})' if restarted else ''}; metrics in "
-              f"{os.path.join(output_dir, 'final_metrics.json')}", flush=True)
+              f"{output_layout.final_metrics(output_dir)}", flush=True)
     if FLAGS.fork:
         # Every task has been reaped and nothing is left to clean; with TensorFlow
         # loaded the interpreter's own teardown took 0.6-0.9 s more (benchmarks/NOTES.md).
@@ -156,8 +165,8 @@ def main(argv) -> int:
 
 def run():
     """Console-script entry point."""
-    app.run(exit_status_main("lowlevel.launch", main),
-            flags_parser=flags_parser("lowlevel.launch"))
+    app.run(cli.exit_status_main("lowlevel.launch", main),
+            flags_parser=cli.flags_parser("lowlevel.launch", [cli.TRAINER]))
 
 
 if __name__ == "__main__":

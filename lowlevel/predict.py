@@ -32,12 +32,13 @@ import csv
 import gzip
 import json
 import os
-import sys
 
 import numpy as np
 from absl import app, flags
 
-from lowlevel.config import UsageError, flags_parser
+from lowlevel import cli
+from lowlevel.errors import UsageError
+from lowlevel import output_layout
 
 FLAGS = flags.FLAGS
 PROG = "lowlevel.predict"
@@ -59,7 +60,7 @@ def find_export(path: str) -> str:
       UsageError: none there.
     """
     from lowlevel.outputs import export as export_lib
-    for candidate in (path, export_lib.export_base(path)):
+    for candidate in (path, output_layout.export_base(path)):
         if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
             return candidate
         found = export_lib.exports(candidate)
@@ -238,25 +239,9 @@ def main(argv) -> int:
     return 0
 
 
-def _main_or_exit(argv):
-    try:
-        code = main(argv)
-    except UsageError as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
-        code = 2
-    except Exception as e:  # noqa: BLE001 - one line, not a traceback
-        message = getattr(e, "message", None) or str(e)
-        sys.stderr.write(f"{PROG}: error: {type(e).__name__}: "
-                         f"{message.strip().splitlines()[0] if message else ''}\n")
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
-
-
 def run():
     """Console-script entry point."""
-    app.run(_main_or_exit, flags_parser=flags_parser(PROG))
+    app.run(cli.task_main(PROG, main, hard_exit=False), flags_parser=cli.flags_parser(PROG))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ from absl import app, flags
 
 from lowlevel.ops import k8s
 from lowlevel.cluster.spec import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
-from lowlevel.config import UsageError, check_schedule, exit_status_main, flags_parser
+from lowlevel import cli
+from lowlevel.config import check_schedule
+from lowlevel.errors import UsageError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("chief", "", "host:port of the chief (a job of its own). Without it, "
@@ -209,8 +211,9 @@ def main(argv) -> int:
 
 def run():
     """Console-script entry point (`lowlevel-make-tf-configs`)."""
-    app.run(exit_status_main("lowlevel-make-tf-configs", main),
-            flags_parser=flags_parser("lowlevel-make-tf-configs", hint=""))
+    app.run(cli.exit_status_main("lowlevel-make-tf-configs", main),
+            flags_parser=cli.flags_parser("lowlevel-make-tf-configs", hint="",
+                                              module="lowlevel.tf_configs"))
 
 
 if __name__ == "__main__":

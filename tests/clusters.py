@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from lowlevel import events
+from lowlevel import events, output_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -65,7 +65,7 @@ def leftovers(out) -> list:
 
 def task_events(output_dir, task: str, event: str | None = None) -> list[dict]:
     """Task `task`'s event records (`lowlevel.events`), all or those named `event`."""
-    records = events.read(events.path(str(output_dir), task))
+    records = events.read(output_layout.events_file(str(output_dir), task))
     return [r for r in records if event is None or r["event"] == event]
 
 

@@ -5,7 +5,8 @@ import pytest
 
 from lowlevel.cluster import spec as cluster_lib
 from lowlevel.cluster.spec import Cluster, ClusterFlags, Task, from_flags, parse_hosts
-from lowlevel.config import TrainConfig, UsageError, check_schedule
+from lowlevel.config import TrainConfig, check_schedule
+from lowlevel.errors import UsageError
 from lowlevel.cluster.tf_config import from_tf_config, resolve
 
 

@@ -6,7 +6,8 @@ import pytest
 from absl import flags
 
 from lowlevel import config as config_lib
-from lowlevel.config import TrainConfig, UsageError
+from lowlevel.config import TrainConfig
+from lowlevel.errors import UsageError
 
 FLAGS = flags.FlagValues()  # not the global ones: other modules define --sync there too
 config_lib.define_flags(FLAGS, "lowlevel.trainer")

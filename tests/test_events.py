@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from lowlevel import events
+from lowlevel import events, output_layout
 
 WRITERS, RECORDS = 4, 400
 
@@ -23,7 +23,7 @@ def test_records_carry_the_common_fields(tmp_path):
         before = time.time()
         events.emit("serving")
         events.emit("progress", 7, loss=0.5)
-        records = events.read(events.path(str(tmp_path), "ps3"))
+        records = events.read(output_layout.events_file(str(tmp_path), "ps3"))
     finally:
         events._sink = None  # noqa: SLF001 - leave no sink to later tests
     assert [r["event"] for r in records] == ["serving", "progress"]

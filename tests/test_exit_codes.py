@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 import clusters
-from lowlevel import errors as exit_codes
-from lowlevel.config import RuntimeFailure, UsageError
+from lowlevel import errors
+from lowlevel.errors import RuntimeFailure, UsageError
 from lowlevel.errors import FAILED, FINISHED, RESTART, decide
 
 STEP = re.compile(r"step (\d+)/\d+ \|")
@@ -22,23 +22,23 @@ STEP = re.compile(r"step (\d+)/\d+ \|")
 @pytest.mark.parametrize("code,retryable", [
     (0, False), (1, False), (2, False), (127, False),
     (128 + signal.SIGTERM, True), (128 + signal.SIGINT, True), (137, True),
-    (exit_codes.TRANSIENT, True), (-signal.SIGKILL, True), (-signal.SIGTERM, True),
+    (errors.TRANSIENT, True), (-signal.SIGKILL, True), (-signal.SIGTERM, True),
 ])
 def test_is_retryable(code, retryable):
-    assert exit_codes.is_retryable(code) is retryable
+    assert errors.is_retryable(code) is retryable
 
 
 def test_transient_status_reads_as_no_signal():
     # Linux signal numbers stop at 64: 128 + N <= 192 < TRANSIENT <= 255.
-    assert 128 + signal.SIGRTMAX < exit_codes.TRANSIENT <= 255
-    assert exit_codes.signal_status(signal.SIGTERM) == 143
-    assert exit_codes.signal_status(signal.SIGINT) == 130
+    assert 128 + signal.SIGRTMAX < errors.TRANSIENT <= 255
+    assert errors.signal_status(signal.SIGTERM) == 143
+    assert errors.signal_status(signal.SIGINT) == 130
 
 
 @pytest.mark.parametrize("error,code", [
     (UsageError("--batch_size=0"), 2),
     (RuntimeFailure("checkpoint of another model"), 1),
-    (exit_codes.TransientFailure("ps0 did not answer"), 200),
+    (errors.TransientFailure("ps0 did not answer"), 200),
     (tf.errors.UnavailableError(None, None, "ps gone"), 200),
     (tf.errors.AbortedError(None, None, "session lost"), 200),
     (tf.errors.DeadlineExceededError(None, None, "no reply"), 200),
@@ -46,7 +46,7 @@ def test_transient_status_reads_as_no_signal():
     (ValueError("a bug"), 1),
 ])
 def test_status_of_an_exception(error, code):
-    assert exit_codes.status_of(error) == code
+    assert errors.status_of(error) == code
 
 
 @pytest.mark.parametrize("code,restarts,max_restarts,chief_finished,stopping,expected", [

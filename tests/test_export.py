@@ -15,6 +15,7 @@ import pytest
 
 import clusters
 from lowlevel.data import images as data_lib
+from lowlevel import errors
 
 TRAIN_STEPS = 600
 
@@ -189,7 +190,6 @@ def _checkpoints(directory, steps):
 
 @pytest.mark.timeout(120)
 def test_export_keeps_the_newest_and_leaves_nothing_half_written(tmp_path):
-    from lowlevel.outputs import checkpoints
     from lowlevel.outputs import export
     from lowlevel.config import TrainConfig
     digits = data_lib.load_digits()
@@ -203,7 +203,7 @@ def test_export_keeps_the_newest_and_leaves_nothing_half_written(tmp_path):
         os.path.join(base, "30")  # already there: left as it is
     assert os.stat(os.path.join(base, "30", "saved_model.pb")).st_mtime_ns == before
     shutil.rmtree(os.path.join(base, "30"))
-    with pytest.raises(checkpoints.CheckpointMismatch):  # fails half-way: nothing is left
+    with pytest.raises(errors.CheckpointMismatch):  # fails half-way: nothing is left
         export.export(paths[-1], base, TrainConfig(model="cnn"), digits, keep=2)
     assert sorted(os.listdir(base)) == ["20"]
     assert export.exports(base) == [os.path.join(base, "20")]

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from lowlevel.runtime import faults
 from lowlevel.cluster import probes
+from lowlevel import errors
 
 
 def listener(reply: bytes | None):
@@ -98,7 +99,7 @@ def test_watch_gives_up_past_the_limit_naming_who_does_not_answer(monkeypatch):
             clock.now += 5.0
             raise deadline()
 
-        with pytest.raises(faults.NetworkFault, match=rf"worker1: no step completed for 15 s "
+        with pytest.raises(errors.NetworkFault, match=rf"worker1: no step completed for 15 s "
                            rf"\(--fault_timeout_secs=12\); not answering: ps0 at {address}"):
             watch.run(run)
     finally:

@@ -9,6 +9,7 @@ import tensorflow as tf
 from lowlevel.runtime import hooks
 from lowlevel.runtime import loop
 from lowlevel.runtime import progress
+from lowlevel import errors
 
 v1 = tf.compat.v1
 
@@ -138,8 +139,8 @@ def test_a_hook_that_acts_per_step_without_due_is_refused(graph):
 
 
 def test_only_lost_session_errors_are_retried():
-    assert loop.lost(tf.errors.UnavailableError(None, None, "ps gone"))
-    assert loop.lost(RuntimeError("Attempted to use a closed Session."))
-    assert loop.lost(loop.NoLiveSession("being recreated"))
-    assert not loop.lost(RuntimeError("a bug"))
-    assert not loop.lost(ValueError("a bug"))
+    assert errors.lost_session(tf.errors.UnavailableError(None, None, "ps gone"))
+    assert errors.lost_session(RuntimeError("Attempted to use a closed Session."))
+    assert errors.lost_session(errors.NoLiveSession("being recreated"))
+    assert not errors.lost_session(RuntimeError("a bug"))
+    assert not errors.lost_session(ValueError("a bug"))

@@ -20,7 +20,7 @@ def test_each_model_learns_digits_and_evaluation_reuses_its_variables(name, hidd
         loss, _ = models.loss_and_accuracy(logits, labels)
         train = v1.train.AdagradOptimizer(0.1).minimize(loss)
         n_vars = len(v1.global_variables())
-        ev = evaluation.build(ds.test, ds.max_value,
+        ev = evaluation.build(ds, ds.test,
                               lambda x: models.build(name, x, 10, hidden))
         assert len(v1.trainable_variables()) * 2 == n_vars  # no new weights, 1 slot each
         with v1.Session() as sess:

@@ -156,7 +156,7 @@ def test_a_ps_partitioned_then_healed_resumes_and_ends_exact(cluster, outage_sec
     for name in ("worker0", "worker1"):
         assert noticed(out, name), f"{name}: no fault_noticed event"
     # the cluster steps again within seconds of the heal; the chief too, once gRPC's
-    # keepalive has replaced its stale connection (10 s + 5 s, trainer.GRPC_KEEPALIVE)
+    # keepalive has replaced its stale connection (10 s + 5 s, cluster.channels.GRPC_KEEPALIVE)
     resumed = first_after(out, healed, ("progress", "done"))
     assert resumed is not None and resumed < 15, resumed
     chief_back = first_after(out, healed, ("fault_cleared", "recovered", "done"), ("worker0",))

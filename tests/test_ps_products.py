@@ -3,7 +3,6 @@ exact graph puts each product, and a real 1 ps + 1 worker cluster training the s
 model with them as without them. (The bytes they save are measured on the wire by
 tests/test_throughput.py against `mlp_step_floats`.)"""
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel.data import images as data_lib
+from lowlevel.data import catalogue
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.models import catalogue as models
 from lowlevel.modes import ps_products
@@ -67,7 +66,7 @@ def _exact_graph(ps_products_on: bool, worker_gpu: int = 0):
     cluster, task = from_flags(ClusterFlags("127.0.0.1:1000", "127.0.0.1:2000", "worker", 0))
     config = TrainConfig(model="mlp", dataset="synthetic", hidden_units=(512, 512),
                          batch_size=128, ps_products=ps_products_on)
-    data = data_lib.load_for(config)
+    data = catalogue.load_for(config)
     return graph_lib.build(config, data, cluster, task, worker_gpu).graph
 
 

@@ -1,6 +1,5 @@
 """The wide_deep model, its data (movielens, synthetic_ctr) and its sparse runtime."""
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +17,8 @@ from lowlevel.modes import exact
 from lowlevel.runtime import placement
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.cluster.spec import ClusterFlags, from_flags
-from lowlevel.config import TrainConfig, UsageError
+from lowlevel.config import TrainConfig
+from lowlevel.errors import UsageError
 
 v1 = tf.compat.v1
 MOVIELENS = os.path.join(ROOT, "data", "ml-100k")

@@ -15,15 +15,9 @@ from typing import Callable, Iterable, Optional
 from absl import logging
 
 from lowlevel.cluster.spec import Cluster, Task
-from lowlevel.config import UsageError
-from lowlevel.errors import TransientFailure
+from lowlevel.errors import StartupError, UsageError
 
 POLL_SECS = 0.5  # how often a waiting loop checks for signals and deadlines
-
-
-class StartupError(TransientFailure):
-    """The cluster did not come together: a task never answered, or its host name never
-    resolved, within the start-up timeout. Retryable (exit status 200)."""
 
 
 def check_port_free(address: str, task: Task) -> None:
@@ -91,7 +85,7 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
       timeout_secs: the longest wait, seconds.
       poll_secs: seconds between polls.
       give_up: called every poll; it may raise to end the wait (a worker
-        whose run has finished meanwhile raises `checkpoints.TrainingFinished`).
+        whose run has finished meanwhile raises `errors.TrainingFinished`).
       flag: the flag `timeout_secs` comes from, for the message.
 
     Raises:

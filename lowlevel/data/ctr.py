@@ -35,6 +35,8 @@ from typing import Optional
 import numpy as np
 
 from lowlevel.data import movielens
+from lowlevel.data.sharding import shard_indices
+from lowlevel import errors
 
 DEFAULT_MOVIELENS_DIR = os.path.join(".", "data", "ml-100k")
 # Cardinalities of Criteo's Kaggle display-advertising set's 26 categorical fields.
@@ -72,7 +74,20 @@ class CtrDataSet:
 
     @property
     def num_dense(self) -> int:
+        """D: the dense features per example."""
         return self.train.dense.shape[1]
+
+    def train_iterator(self, batch_size: int, num_shards: int, shard: int, seed: int):
+        """Worker `shard`'s training input: `train_iterator(self, ...)`."""
+        return train_iterator(self, batch_size, num_shards, shard, seed)
+
+    def eval_input(self, split: CtrSplit, batch_size: int = 1000):
+        """`split` of this data set in order: `eval_input(split, batch_size)`."""
+        return eval_input(split, batch_size)
+
+    def probe_inputs(self) -> dict:
+        """A batch of one all-zero example: `probe_features(self)`."""
+        return probe_features(self)
 
 
 def _hash(values: np.ndarray, buckets: int, salt: str) -> np.ndarray:
@@ -127,7 +142,7 @@ def load_movielens(data_dir: Optional[str], hash_buckets: int, seed: int = 0) ->
     """MovieLens 100K from `data_dir` (default ./data/ml-100k), split 80/20 with `seed`.
 
     Raises:
-      movielens.MovieLensError: files missing or malformed (names scripts/get_movielens).
+      errors.MovieLensError: files missing or malformed (names scripts/get_movielens).
     """
     ratings = movielens.load(data_dir or DEFAULT_MOVIELENS_DIR)
     features, sizes = movielens_features(ratings, hash_buckets)
@@ -183,7 +198,6 @@ def train_iterator(data: CtrDataSet, batch_size: int, num_shards: int, shard: in
       labels int64 `[B]`).
     """
     import tensorflow as tf
-    from lowlevel.data.images import shard_indices
     idx = shard_indices(len(data.train), num_shards, shard)
     features, labels, feed = _placeholders(data.train.take(idx))
     ds = tf.data.Dataset.from_tensor_slices((features, labels))

@@ -29,16 +29,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.data import ctr as ctr_data
-from lowlevel.config import RuntimeFailure, UsageError
-
-
-class DataError(RuntimeFailure):
-    """The data files are missing, truncated or not what they claim to be.
-
-    A permanent failure (exit status 1, `exit_codes.FAILURE`): a restart reads
-    the same files.
-    """
+from lowlevel.data.sharding import shard_indices
+from lowlevel.errors import DataError, RuntimeFailure, UsageError
+from lowlevel import errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +57,20 @@ class DataSet:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
+        """(H, W, C) of one image."""
         return tuple(self.train.images.shape[1:])
+
+    def train_iterator(self, batch_size: int, num_shards: int, shard: int, seed: int):
+        """Worker `shard`'s training input: `train_iterator(self, ...)`."""
+        return train_iterator(self, batch_size, num_shards, shard, seed)
+
+    def eval_input(self, split: "Split", batch_size: int = 1000):
+        """`split` of this data set in order: `eval_input(split, self.max_value, ...)`."""
+        return eval_input(split, self.max_value, batch_size)
+
+    def probe_inputs(self):
+        """A one-image batch of zeros, float32 `[1, H, W, C]`, to build a model for measuring it."""
+        return tf.zeros([1, *self.image_shape])
 
 
 def load(name: str, data_dir: Optional[str] = None) -> DataSet:
@@ -81,26 +87,6 @@ def load(name: str, data_dir: Optional[str] = None) -> DataSet:
     if name == "synthetic":
         return synthetic()
     raise UsageError(f"--dataset={name}: expected one of digits, mnist, synthetic")
-
-
-def load_for(config) -> "DataSet | ctr_data.CtrDataSet":
-    """The data set `config` (a `TrainConfig`) names: images, or click-through data for wide_deep.
-
-    Raises:
-      DataError / movielens.MovieLensError: as `load` / `ctr_data.load_movielens`.
-    """
-    if config.dataset == "movielens":
-        return ctr_data.load_movielens(config.data_dir, config.hash_buckets, seed=0)
-    if config.dataset == "synthetic_ctr":
-        return ctr_data.synthetic_ctr(config.vocab_size, config.hash_buckets)
-    return load(config.dataset, config.data_dir)
-
-
-def probe_inputs(data):
-    """A one-example batch of zeros of `data`'s input, to build a model for measuring it."""
-    if isinstance(data, ctr_data.CtrDataSet):
-        return ctr_data.probe_features(data)
-    return tf.zeros([1, *data.image_shape])
 
 
 def load_digits() -> DataSet:
@@ -280,16 +266,6 @@ def read_idx(path: str) -> np.ndarray:
     return np.frombuffer(raw, np.uint8, size, header).reshape(shape)
 
 
-def shard_indices(num_examples: int, num_shards: int, index: int) -> np.ndarray:
-    """Indices of shard `index` of `num_shards`: every num_shards-th example.
-
-    The shards are disjoint and together cover `range(num_examples)`.
-    """
-    if not 0 <= index < num_shards:
-        raise ValueError(f"shard {index} out of range for {num_shards} shards")
-    return np.arange(index, num_examples, num_shards)
-
-
 def normalize(images, max_value: float):
     """uint8 `[B, H, W, 1]` -> float32 in [0, 1]."""
     return tf.cast(images, tf.float32) / max_value
@@ -317,8 +293,6 @@ def train_iterator(data: DataSet, batch_size: int, num_shards: int, shard: int, 
     Each `iterator.get_next()` is a batch of its own (a loop of local steps takes one
     per step: `local_sgd.local_block`).
     """
-    if isinstance(data, ctr_data.CtrDataSet):
-        return ctr_data.train_iterator(data, batch_size, num_shards, shard, seed)
     idx = shard_indices(len(data.train), num_shards, shard)
     images, labels, feed = _placeholders(Split(data.train.images[idx], data.train.labels[idx]))
     ds = tf.data.Dataset.from_tensor_slices((images, labels))
@@ -337,8 +311,6 @@ def eval_input(split: Split, max_value: float, batch_size: int = 1000):
       (initializer op, feed dict for it, (images float32 `[b, H, W, 1]`,
       labels int64 `[b]`)); run the initializer before each pass.
     """
-    if isinstance(split, ctr_data.CtrSplit):
-        return ctr_data.eval_input(split, batch_size)
     images, labels, feed = _placeholders(split)
     ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
     ds = ds.map(lambda x, y: (normalize(x, max_value), y))

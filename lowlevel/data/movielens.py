@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from lowlevel.config import RuntimeFailure
+from lowlevel.errors import MovieLensError, RuntimeFailure
 
 # u.item's 19 genre flags, in file order (GroupLens' u.genre).
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
@@ -34,13 +34,6 @@ NUM_RATINGS, NUM_USERS, NUM_ITEMS = 100_000, 943, 1_682
 GROUPLENS = ("u.data", "u.user", "u.item")
 RECBOLE = ("ml-100k.inter", "ml-100k.user", "ml-100k.item")
 LIKED = 4  # a rating of at least this is a positive example
-
-
-class MovieLensError(RuntimeFailure):
-    """The MovieLens files are missing, truncated or malformed; the message names the file.
-
-    A permanent failure (exit status 1, `exit_codes.FAILURE`), as for `data.DataError`.
-    """
 
 
 class Columns:

@@ -4,11 +4,11 @@ A cold `python -m lowlevel.trainer` spends about 3 s of CPU importing TensorFlow
 (2.21, Keras skipped: `lowlevel.tf_import`); a launcher that starts 1 ps + 2 workers
 as three such processes pays it three times over, at once, on the same cores
 (4.6-5.8 s from launch to the last task's first log line on 2 cores:
-benchmarks/NOTES.md). `preload()` imports it once, in the launcher; `start()`
-then forks a task from the launcher (`multiprocessing`'s "fork" start method:
+benchmarks/NOTES.md). The launcher imports it once (`lowlevel.launch.preload`);
+`start()` then forks a task from the launcher (`multiprocessing`'s "fork" start method:
 a direct child, so its exit status, signals and `PR_SET_PDEATHSIG` work as for
-a `subprocess.Popen`) and runs `lowlevel.trainer`'s entry point on the task's
-own argv, as `python -m lowlevel.trainer` would.
+a `subprocess.Popen`) and runs the module `lowlevel.trainer` as `__main__` on the
+task's own argv (`runpy`), as `python -m lowlevel.trainer` would.
 
 Why forking here is safe:
 - TensorFlow's import starts no runtime: no session, no device, no gRPC; CUDA
@@ -27,27 +27,16 @@ Why forking here is safe:
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
-import time
 from typing import Optional
 
 _FORK = multiprocessing.get_context("fork")
-
-
-def preload(verbose: bool = False) -> float:
-    """Imports TensorFlow (graph mode, `lowlevel.tf_import`) into this process; returns seconds.
-
-    Args:
-      verbose: keep TensorFlow's import-time log lines (the tasks' `--verbosity>=1`).
-    """
-    started = time.monotonic()
-    from lowlevel.tf_import import import_tensorflow
-    import_tensorflow(verbose=verbose)
-    return time.monotonic() - started
 
 
 class ForkedTask:
@@ -135,6 +124,7 @@ def _task(argv, env, output_fd, close_fds):
     flags.FLAGS.set_default("verbosity", 0)
     for name in flags.FLAGS:  # back to defaults, for the task's argv to be parsed
         flags.FLAGS[name].unparse()
-    from lowlevel import trainer
-    sys.argv = [trainer.__file__, *argv[3:]]
-    trainer.run()  # exits: SystemExit carries the status to multiprocessing's exit
+    module = argv[2]
+    sys.argv = [importlib.util.find_spec(module).origin, *argv[3:]]
+    # Exits: SystemExit carries the status to multiprocessing's exit.
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

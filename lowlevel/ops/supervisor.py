@@ -3,7 +3,7 @@
 `Supervisor` holds the tasks (`subprocess.Popen`, or `forking.ForkedTask` when forked
 from the launcher) and reads their output with a selector, from one thread;
 `supervise` is the loop that runs until every task has finished or one has failed,
-with what happens to an ended task decided by `exit_codes.decide`. `Progress` is the
+with what happens to an ended task decided by `errors.decide`. `Progress` is the
 live tqdm line fed by the chief's `progress` events. The flags and the cluster's
 commands are `lowlevel.launch`'s.
 """
@@ -20,7 +20,7 @@ import time
 from typing import Optional
 
 from lowlevel import events
-from lowlevel import errors as exit_codes
+from lowlevel import errors
 from lowlevel.ops import forking
 from lowlevel.ops import lifetime
 
@@ -35,16 +35,16 @@ PROGRESS_LINE_MARK = " examples/s | "
 def describe_exit(code: int) -> str:
     """"exited with status 1 (permanent failure)", "was killed by SIGKILL", ... for a Popen
     return code."""
-    return exit_codes.describe(code)
+    return errors.describe(code)
 
 
-FINISHED, RESTART, FAILED = exit_codes.FINISHED, exit_codes.RESTART, exit_codes.FAILED
+FINISHED, RESTART, FAILED = errors.FINISHED, errors.RESTART, errors.FAILED
 
 
 class Supervisor:
     """Starts the tasks, relays their output, watches them end, restarts the ones that die.
 
-    What happens to a task that ended is `exit_codes.decide`'s: *finished* on exit 0 (or
+    What happens to a task that ended is `errors.decide`'s: *finished* on exit 0 (or
     any end once the chief, `worker0`, has finished: the run is over), a
     *restart* with the same command for a retryable status (a signal, 128 + N,
     200) while it has restarts left, else the run has *failed*.
@@ -134,7 +134,7 @@ class Supervisor:
                 continue  # running, or its last lines are still to be read
             what = "finished" if code == 0 else describe_exit(code)
             self.events.append((time.time(), name, what))
-            decision = exit_codes.decide(code, self.restarts[name], self.max_restarts,
+            decision = errors.decide(code, self.restarts[name], self.max_restarts,
                                          CHIEF in finished, self.stopping)
             if decision == FINISHED:
                 if code != 0 and CHIEF in finished and not self.stopping:
@@ -143,7 +143,7 @@ class Supervisor:
                 finished.add(name)
                 continue
             if decision == FAILED:
-                if not exit_codes.is_retryable(code):
+                if not errors.is_retryable(code):
                     return f"{name} {what}; not restarting it"
                 return f"{name} {what}" + (f" and has used its {self.max_restarts} "
                                            "restart(s)" if self.max_restarts else "")

@@ -30,7 +30,8 @@ from typing import Iterable, Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.config import RuntimeFailure
+from lowlevel import errors
+from lowlevel.errors import CheckpointMismatch, NoReadableCheckpoint
 
 v1 = tf.compat.v1
 
@@ -38,23 +39,11 @@ GLOBAL_STEP = "global_step"
 _warned: set = set()  # unreadable checkpoints already reported by this process
 
 
-class CheckpointMismatch(RuntimeFailure):
-    """The checkpoint in `--output_dir` does not fit the model being built.
-
-    A permanent failure (exit status 1, `exit_codes.FAILURE`): a restart finds
-    the same checkpoint.
-    """
-
-
 def latest(checkpoint_dir: Optional[str]) -> Optional[str]:
     """The path prefix of the newest checkpoint in `checkpoint_dir`, or None."""
     if not checkpoint_dir or not os.path.isdir(checkpoint_dir):
         return None
     return tf.train.latest_checkpoint(checkpoint_dir)
-
-
-class NoReadableCheckpoint(RuntimeFailure):
-    """`--output_dir` lists checkpoints but none of them can be read."""
 
 
 def all_checkpoints(checkpoint_dir: Optional[str]) -> list[str]:
@@ -113,19 +102,6 @@ def newest_readable(checkpoint_dir: Optional[str]) -> Optional[tuple[str, int]]:
     return None
 
 
-class TrainingFinished(Exception):
-    """The newest checkpoint has reached `--train_steps`: there is nothing left to train.
-
-    Attributes:
-      path: the checkpoint's path prefix.
-      step: its global step.
-    """
-
-    def __init__(self, path: str, step: int):
-        super().__init__(f"checkpoint {os.path.basename(path)} is at global step {step}")
-        self.path, self.step = path, step
-
-
 def check_finished(checkpoint_dir: Optional[str], train_steps: int) -> None:
     """Raises `TrainingFinished` if the newest readable checkpoint is at `train_steps` or beyond.
 
@@ -139,7 +115,7 @@ def check_finished(checkpoint_dir: Optional[str], train_steps: int) -> None:
         return
     found = newest_readable(checkpoint_dir)
     if found and found[1] >= train_steps:
-        raise TrainingFinished(*found)
+        raise errors.TrainingFinished(*found)
 
 
 def check_compatible(checkpoint_dir: Optional[str], variables, path: Optional[str] = None,

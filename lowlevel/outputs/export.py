@@ -41,19 +41,14 @@ from lowlevel.outputs import checkpoints
 from lowlevel.models import catalogue as models
 from lowlevel.data import images as data_lib
 from lowlevel.config import TrainConfig
+from lowlevel import output_layout
 
 v1 = tf.compat.v1
 
-EXPORT_SUBDIR = "export"
 SIGNATURE = "serving_default"
 INPUT = "images"
 OUTPUTS = ("probabilities", "classes")
 METADATA = os.path.join("assets.extra", "lowlevel_export.json")
-
-
-def export_base(output_dir: str) -> str:
-    """`<output_dir>/export`: the directory of numbered exports."""
-    return os.path.join(output_dir, EXPORT_SUBDIR)
 
 
 def exportable(config: TrainConfig) -> bool:
@@ -72,7 +67,7 @@ def export(checkpoint_path: str, base: str, config: TrainConfig, data: data_lib.
 
     Args:
       checkpoint_path: a checkpoint path prefix ("<output_dir>/model.ckpt-2000").
-      base: the export directory (`export_base(output_dir)`).
+      base: the export directory (`output_layout.export_base(output_dir)`).
       config: the run's configuration (model, hidden_units, dataset, seed).
       data: the data set (image shape, classes, pixel scale).
       keep: keep the newest `keep` exports, delete older ones; None keeps all.
@@ -125,7 +120,7 @@ def ensure_exported(checkpoint_path: str, step: int, config: TrainConfig) -> Opt
     """
     if not config.keep_exports or not config.output_dir or not exportable(config):
         return None
-    base = export_base(config.output_dir)
+    base = output_layout.export_base(config.output_dir)
     if os.path.isdir(os.path.join(base, str(step))):
         return os.path.join(base, str(step))
     data = data_lib.load(config.dataset, config.data_dir)

@@ -11,7 +11,7 @@ renames only after every shard is written), training goes on and the next save
 is tried at the next interval.
 
 `--max_checkpoint_failures` saves in a row (default 3) that fail end the run
-with `exit_codes.FAILURE` (1, permanent), not `TRANSIENT`: a restarted chief
+with `errors.FAILURE` (1, permanent), not `TRANSIENT`: a restarted chief
 would restore the last good checkpoint, train the same intervals again and hit
 the same full or read-only disk, so an orchestrator restarting it (a `TFJob`'s
 `restartPolicy: ExitCode`, the launcher's `--max_restarts`) burns compute and
@@ -37,15 +37,12 @@ from typing import Callable, Optional
 from absl import logging
 
 from lowlevel import events
-from lowlevel.config import RuntimeFailure
+from lowlevel.errors import StorageFailure, storage_error
+from lowlevel import output_layout
 
 # The OS's messages for every errno, as TensorFlow's file system layer prints them.
 _ERRNO_OF = {os.strerror(n): name for n, name in errno.errorcode.items()}
 _TF_OS_ERROR = re.compile(r"^(/\S*?); ([^\n]+?)\s*$", re.MULTILINE)
-
-
-class StorageFailure(RuntimeFailure):
-    """`--max_checkpoint_failures` checkpoint saves in a row failed: exit 1 (see the module)."""
 
 
 def os_error(error: BaseException) -> str:
@@ -68,7 +65,7 @@ def os_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {first.strip()}"
 
 
-def remove_partial(output_dir: str, prefix: str = "model.ckpt") -> list[str]:
+def remove_partial(output_dir: str, prefix: str = output_layout.CHECKPOINT_PREFIX) -> list[str]:
     """Removes what a failed save left in `output_dir`; returns what it removed.
 
     A sharded save writes `<prefix>-N_temp/` (one part per ps), an unsharded
@@ -115,7 +112,7 @@ class CheckpointSaves:
         try:
             path = save()
         except Exception as e:  # noqa: BLE001 - OSError, tf OpError, ValueError of the saver
-            if not _is_storage_error(e):
+            if not storage_error(e):
                 raise
             self._failed(e, step, final)
             return None
@@ -161,7 +158,7 @@ class Writes:
         try:
             write()
         except Exception as e:  # noqa: BLE001 - OSError or a TensorFlow error
-            if not _is_storage_error(e):
+            if not storage_error(e):
                 raise
             if not self.failing:
                 logging.warning("could not write %s to %s: %s; training goes on without them "
@@ -174,20 +171,9 @@ class Writes:
         return True
 
 
-def _is_storage_error(error: BaseException) -> bool:
-    if isinstance(error, (OSError, ValueError)):
-        return True
-    import sys
-    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
-    return tf_errors is not None and isinstance(error, (
-        tf_errors.ResourceExhaustedError, tf_errors.PermissionDeniedError,
-        tf_errors.FailedPreconditionError, tf_errors.NotFoundError, tf_errors.UnknownError,
-        tf_errors.DataLossError))
-
-
 def _newest_name(output_dir: str) -> Optional[str]:
     try:
-        with open(os.path.join(output_dir, "checkpoint")) as f:
+        with open(os.path.join(output_dir, output_layout.CHECKPOINT_STATE)) as f:
             match = re.search(r'^model_checkpoint_path: "([^"]+)"', f.read(), re.MULTILINE)
     except OSError:
         return None

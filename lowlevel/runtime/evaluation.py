@@ -22,7 +22,9 @@ from lowlevel.outputs import files
 from lowlevel.models import catalogue as models
 from lowlevel.data import images as data_lib
 from lowlevel.config import TrainConfig
-from lowlevel.errors import TransientFailure
+from lowlevel.errors import EvalTimeout
+from lowlevel import errors
+from lowlevel import output_layout
 
 v1 = tf.compat.v1
 
@@ -41,13 +43,14 @@ class EvalOps:
     labels: object = None
 
 
-def build(split, max_value: float, model_fn) -> EvalOps:
-    """Builds the evaluation of `model_fn` (inputs -> logits) on `split`, in batches of 1,000.
+def build(data, split, model_fn) -> EvalOps:
+    """Builds the evaluation of `model_fn` (inputs -> logits) on `split` of `data`, in batches
+    of 1,000.
 
     `model_fn` must build the training model (`models.for_config`, with its
     partitioner), so that its variables are reused.
     """
-    initializer, feed, (inputs, labels) = data_lib.eval_input(split, max_value)
+    initializer, feed, (inputs, labels) = data.eval_input(split)
     with tf.name_scope("eval"):
         logits = model_fn(inputs)
         if logits.shape.rank == 1:  # one logit: sigmoid
@@ -119,14 +122,6 @@ class FinalEvalHook(v1.train.SessionRunHook):
             self.result = evaluate(session, self._ops)
 
 
-class EvalTimeout(TransientFailure):
-    """No new checkpoint appeared within `eval_timeout_secs` before the final one.
-
-    Retryable (exit status 200, `exit_codes.TRANSIENT`): the chief may be
-    down or restarting; a restarted evaluator picks up where it was.
-    """
-
-
 def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: bool = False,
                     session_config=None) -> dict:
     """Evaluates each new checkpoint in `config.output_dir` until that of the final step.
@@ -151,20 +146,20 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
 
     Raises:
       EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
-      checkpoints.CheckpointMismatch: a checkpoint of another model.
+      errors.CheckpointMismatch: a checkpoint of another model.
     """
     split_name = "train" if on_train_data else "test"
     split = data.train if on_train_data else data.test
-    eval_dir = os.path.join(config.output_dir, "eval_train" if on_train_data else "eval")
+    eval_dir = output_layout.eval_dir(config.output_dir, on_train_data)
     graph = tf.Graph()
     with graph.as_default():
         global_step = v1.train.get_or_create_global_step()
-        ops = build(split, data.max_value, models.for_config(config, data))
+        ops = build(data, split, models.for_config(config, data))
         variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
         saver = v1.train.Saver(variables)
         graph.finalize()
     os.makedirs(eval_dir, exist_ok=True)
-    records_path = os.path.join(eval_dir, "eval_metrics.json")
+    records_path = output_layout.eval_records(config.output_dir, on_train_data)
     records = _read_records(records_path)
     logging.info("evaluator: watching %s for checkpoints; evaluating on the %s split (%d "
                  "examples) until global step %d", config.output_dir, split_name, len(split),
@@ -177,7 +172,7 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
                 try:
                     checkpoints.check_compatible(config.output_dir, variables, path)
                     saver.restore(sess, path)
-                except checkpoints.CheckpointMismatch:
+                except errors.CheckpointMismatch:
                     raise
                 except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
                     logging.warning("evaluator: skipping %s, which is gone or unreadable "
@@ -211,7 +206,7 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
 def _export(path: str, config: TrainConfig, data: data_lib.DataSet) -> None:
     """`--export_every_checkpoint`: exports checkpoint `path`; one it cannot read is skipped."""
     try:
-        export.export(path, export.export_base(config.output_dir), config, data,
+        export.export(path, output_layout.export_base(config.output_dir), config, data,
                       config.keep_exports)
     except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile (--keep_checkpoint_max)
         logging.warning("evaluator: could not export %s (deleted by the chief's "

@@ -29,15 +29,11 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.cluster import probes
-from lowlevel.errors import TransientFailure
+from lowlevel.errors import NetworkFault
 
 v1 = tf.compat.v1
 
 PROBE_TIMEOUT_SECS = 1.0  # how long one peer probe waits for an answer
-
-
-class NetworkFault(TransientFailure):
-    """Peers did not answer for longer than `--fault_timeout_secs`. Exit status 200."""
 
 
 class FaultWatch:

@@ -114,8 +114,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 shards, shard, seed = 1, 0, config.seed + task.replica_index
             else:
                 shards, shard, seed = mode.num_workers, task.replica_index, config.seed
-            iter_init, feed, iterator = data_lib.train_iterator(
-                data, config.batch_size, shards, shard, seed)
+            iter_init, feed, iterator = data.train_iterator(config.batch_size, shards, shard,
+                                                            seed)
             images, labels = iterator.get_next()
             opt = make_optimizer(config.optimizer, config.lr)
             if mode.local:
@@ -126,13 +126,13 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 step = _exact_step(config, mode, model_fn, images, labels, opt, global_step,
                                    placement.worker_device(task.task_index, worker_gpu,
                                                            task.job_name),
-                                   lambda: data_lib.probe_inputs(data))
+                                   data.probe_inputs)
             else:
                 step = _in_process_step(config, model_fn, images, labels, opt, global_step)
             final_eval = None
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(
-                    evaluation.build(data.test, data.max_value, model_fn), skip=preempted)
+                    evaluation.build(data, data.test, model_fn), skip=preempted)
             channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
@@ -185,7 +185,7 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
     """
     def probe(partitioner):
         return lambda: models.for_config(config, data, partitioner)(
-            data_lib.probe_inputs(data))
+            data.probe_inputs())
 
     whole, tables = placement.measure(probe(None))
     partitioner = placement.partitioner(cluster.num_ps, sum(whole.values()),

@@ -24,6 +24,7 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.outputs import storage
+from lowlevel import output_layout
 
 v1 = tf.compat.v1
 
@@ -61,7 +62,7 @@ class CheckpointHook(v1.train.SessionRunHook):
       save_steps / save_secs: the cadence; steps win when both are given.
       max_failures: saves in a row that may fail (full or read-only disk: one
         line each, `storage.CheckpointSaves`) before the run ends with
-        `storage.StorageFailure`.
+        `errors.StorageFailure`.
 
     Attributes:
       saves: the `storage.CheckpointSaves`; `saves.last_failed` after `end`
@@ -75,7 +76,7 @@ class CheckpointHook(v1.train.SessionRunHook):
         self.saves = storage.CheckpointSaves(output_dir, max_failures)
         self._graph_writes = storage.Writes("the graph")
         self._output_dir = output_dir
-        self._prefix = os.path.join(output_dir, "model.ckpt")
+        self._prefix = output_layout.checkpoint_prefix(output_dir)
         self._steps = steps
         self._timer = v1.train.SecondOrStepTimer(every_secs=None if save_steps else save_secs,
                                                  every_steps=save_steps)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
+from lowlevel.errors import NoLiveSession, lost_session
 from lowlevel.modes import local_sgd
 from lowlevel.runtime.faults import FaultWatch
 from lowlevel.runtime.sessions import live_session
@@ -116,8 +117,8 @@ class StepRunner:
             self._calls[fetch] = raw.make_callable(fetch, accept_options=True)
         try:
             return self._calls[fetch](options=options)
-        except Exception as e:  # noqa: BLE001 - narrowed by `lost`
-            if not lost(e):
+        except Exception as e:  # noqa: BLE001 - narrowed by `lost_session`
+            if not lost_session(e):
                 raise
             return self._sess.run(fetch, options=options)
 
@@ -139,7 +140,7 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
     its deadline and a bounded retry (`faults.FaultWatch`).
 
     Raises:
-      faults.NetworkFault: peers did not answer for `--fault_timeout_secs`.
+      errors.NetworkFault: peers did not answer for `--fault_timeout_secs`.
     """
     step = StepRunner(sess, g, watch)
     if g.local_ops is not None:
@@ -151,28 +152,6 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
             return
         if g.steps.value >= last_step:
             return
-
-
-# Errors of a run that lost its ps (or its session, replaced after a failure):
-# the ps went away, it came back without the model, or the session was closed.
-_LOST = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-         tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
-
-
-class NoLiveSession(Exception):
-    """The monitored session has no live `tf.Session`: it is being recreated after a failure."""
-
-
-def lost(e: BaseException) -> bool:
-    """Whether `e` is what a run on a lost session raises (not a bug to surface).
-
-    The TensorFlow errors of `_LOST`, `NoLiveSession`, and the `RuntimeError`
-    of a `tf.Session` closed under the run ("Attempted to use a closed
-    Session."); any other `RuntimeError` is a bug and is raised.
-    """
-    if isinstance(e, (*_LOST, NoLiveSession)):
-        return True
-    return isinstance(e, RuntimeError) and "closed Session" in str(e)
 
 
 def _send(sess, op, options=None):
@@ -267,8 +246,8 @@ def _finish(step: StepRunner, ops: local_sgd.LocalSGDOps, pending, sent: bool,
         watch.timed_out("exchange", e, step.steps_value)
         step.hooked(ops.resync, "exchange")  # bounded by the watch
         return _FAILED
-    except Exception as e:  # noqa: BLE001 - narrowed by `lost`
-        if not lost(e):
+    except Exception as e:  # noqa: BLE001 - narrowed by `lost_session`
+        if not lost_session(e):
             raise
         message = getattr(e, "message", None) or str(e)
         logging.info("exchange with the ps failed (%s); taking the ps model afresh", message)

@@ -23,7 +23,7 @@ What happens on a signal depends on the phase the task has reached:
 The exit status is 128 + N for signal N (SIGTERM: 143, SIGINT: 130), as a
 shell and Kubernetes report a process killed by that signal: the task was
 stopped, the run is not finished, and a restart with the same flags resumes
-it (`exit_codes.is_retryable`). Exiting 0 on SIGTERM would read as "succeeded"
+it (`errors.is_retryable`). Exiting 0 on SIGTERM would read as "succeeded"
 to a Kubernetes Job or `TFJob`: a preempted chief would end the whole job with
 training unfinished.
 """

@@ -124,7 +124,7 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
     `UnavailableError`/`AbortedError`). Each time:
 
     1. `wait_for_ps` (a bounded poll, so a ps that stays down ends in a clear
-       `probes.StartupError` instead of a CreateSession that waits forever);
+       `errors.StartupError` instead of a CreateSession that waits forever);
     2. if the ps tasks hold an initialised model (the chief itself was
        restarted; the ps and the other workers carried on) it is used as it
        is: nothing trained since the last checkpoint is lost;

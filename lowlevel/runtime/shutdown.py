@@ -28,7 +28,8 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.cluster.spec import Cluster, Task
-from lowlevel.cluster.probes import POLL_SECS, StartupError, reachable, wait_for_ps
+from lowlevel.cluster.probes import POLL_SECS, reachable, wait_for_ps
+from lowlevel.errors import StartupError, peer_unreachable
 
 v1 = tf.compat.v1
 
@@ -143,8 +144,9 @@ class ShutdownChannel:
         try:
             sess.run(self._report_done, {self._task_index: task_index},
                      options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
-        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                tf.errors.AbortedError, tf.errors.CancelledError) as e:
+        except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
+            if not peer_unreachable(e):
+                raise
             logging.warning("could not report the end of training to ps0: %s", e.message)
 
     def wait_for_workers(self, sess, workers: dict[int, str], timeout_secs: float,
@@ -187,8 +189,9 @@ class ShutdownChannel:
         for k, op in enumerate(self._stop_ps):
             try:
                 sess.run(op, options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
-            except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                    tf.errors.AbortedError) as e:
+            except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
+                if not peer_unreachable(e):
+                    raise
                 logging.warning("could not reach ps%d to stop it: %s", k, e.message)
 
 

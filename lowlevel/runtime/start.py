@@ -43,6 +43,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
+from lowlevel.errors import peer_unreachable
 from lowlevel.runtime import shutdown
 
 v1 = tf.compat.v1
@@ -141,7 +142,9 @@ class StartTogetherHook(v1.train.SessionRunHook):
             try:
                 self._barrier.report_ready(session, self._replica_index)
                 self._reported = True
-            except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+            except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
+                if not peer_unreachable(e):
+                    raise
                 logging.warning("could not tell the chief this worker is ready: %s", e.message)
         started = time.monotonic()
         if not self._barrier.wait_for_start(session, self._wait_secs + WORKER_GRACE_SECS,

@@ -19,18 +19,16 @@ from absl import logging
 from lowlevel.data import images as data_lib
 from lowlevel import events
 from lowlevel.outputs import checkpoints
-from lowlevel.outputs import export
-from lowlevel.runtime import faults
-from lowlevel.outputs import files
-from lowlevel.runtime import hooks
+from lowlevel.runtime import faults, finish
 from lowlevel.runtime import loop
 from lowlevel.cluster import probes
 from lowlevel.runtime import sessions
-from lowlevel.outputs import storage
 from lowlevel.runtime.graph import TrainGraph, build
 from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.runtime.preemption import Preemption
+from lowlevel import errors
+from lowlevel import output_layout
 
 v1 = tf.compat.v1
 
@@ -65,14 +63,14 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
       The chief's metrics; None on other workers and when preempted.
 
     Raises:
-      checkpoints.CheckpointMismatch: the checkpoint in `output_dir` is of
+      errors.CheckpointMismatch: the checkpoint in `output_dir` is of
         another model (checked before anything runs).
-      checkpoints.TrainingFinished: (non-chief) the run ended while this
+      errors.TrainingFinished: (non-chief) the run ended while this
         worker waited for the cluster.
-      probes.StartupError: a ps did not answer, or (non-chief) the chief had
+      errors.StartupError: a ps did not answer, or (non-chief) the chief had
         not initialised the model, within `config.startup_timeout_secs` (a
         session lost mid-run: its ps within `config.fault_timeout_secs`).
-      faults.NetworkFault: mid-run, the peers did not answer for
+      errors.NetworkFault: mid-run, the peers did not answer for
         `config.fault_timeout_secs` (every run has `config.step_timeout_secs`).
     """
     started = time.monotonic()
@@ -96,7 +94,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         except tf.errors.DeadlineExceededError:
             chief = cluster.task(CHIEF, 0) if cluster.chief_hosts else cluster.task(WORKER, 0)
             where = cluster.hosts(chief.job_name)[0] or "an address this task was not given"
-            raise probes.StartupError(
+            raise errors.StartupError(
                 f"{task.name}: the chief ({chief.name} at {where}) "
                 f"did not have the model ready within {config.startup_timeout_secs:g} s "
                 "(--startup_timeout_secs): is it running?") from None
@@ -125,42 +123,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                          else "last step done")
             if not preempted.is_set():
                 events.emit("done", g.steps.value, local_steps=g.progress.local_steps)
-        # Flush and close the summary writers (a full disk fails here too: a line).
-        storage.Writes("summaries").run(v1.summary.FileWriterCache.clear,
-                                        config.output_dir or "")
-        if preempted.is_set():
-            saved = checkpoints.latest(config.output_dir) if task.is_chief else None
-            logging.info("%s: preempted at global step %s%s; exiting", task.name,
-                         g.progress.end_step,
-                         f"; saved {os.path.basename(saved)}" if saved else "")
-            events.emit("preempted", g.progress.end_step, signal=preemption and
-                        preemption.signal_name, checkpoint=saved and os.path.basename(saved))
-            if preemption:
-                preemption.mark_safe()
-            return None
-        logging.info("%s: training done at global step %s after %d local steps",
-                     task.name, g.progress.end_step, g.progress.local_steps)
-        metrics = _final_metrics(config, cluster, g, time.monotonic() - started)
-        saves = next((h.saves for h in g.hooks if isinstance(h, hooks.CheckpointHook)), None)
-        if saves is not None and saves.last_failed:  # nothing to export either
-            raise storage.StorageFailure(
-                f"the final checkpoint (global step {g.progress.end_step}) could not be saved "
-                f"in {config.output_dir}; free space or make it writable, then run the same "
-                "command again: it resumes from the newest checkpoint")
-        if task.is_chief and config.output_dir and config.keep_exports:
-            # After the session: from the final checkpoint, in a fresh graph.
-            metrics["export_dir"] = export.export(
-                checkpoints.latest(config.output_dir), export.export_base(config.output_dir),
-                config, data, config.keep_exports)
-        if config.output_dir:
-            task_file = os.path.join(config.output_dir, "tasks", f"{task.name}.json")
-            storage.Writes("step times").run(lambda: files.write_json(
-                task_file, dict(task=task.name, **g.progress.task_record())), task_file)
-            if task.is_chief:
-                metrics_file = os.path.join(config.output_dir, "final_metrics.json")
-                storage.Writes("the final metrics").run(
-                    lambda: files.write_json(metrics_file, metrics), metrics_file)
-    return metrics if task.is_chief else None
+        return finish.after_training(config, cluster, task, g, data, preemption, started)
 
 
 def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task,
@@ -217,29 +180,10 @@ def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):
             logging.info("no live session (it is being recreated after a failure); the last "
                          "checkpoint stands")
             return True
-        path = g.scaffold.saver.save(raw, os.path.join(output_dir, "model.ckpt"),
+        path = g.scaffold.saver.save(raw, output_layout.checkpoint_prefix(output_dir),
                                      global_step=g.global_step)
         logging.info("saved %s", path)
         events.emit("checkpoint_saved", int(path.rpartition("-")[2]),
                     path=os.path.basename(path), emergency=True)
         return True
     return save
-
-
-def _final_metrics(config, cluster, g: TrainGraph, wall_seconds: float) -> dict:
-    result = g.final_eval.result if g.final_eval and g.final_eval.result else {}
-    return {
-        "global_step": g.progress.end_step,
-        "start_global_step": g.progress.initial_step,
-        "accuracy": result.get("accuracy"),
-        "loss": result.get("loss"),
-        **{k: result[k] for k in ("auc", "log_loss") if k in result},
-        "train_examples_per_sec": round(g.progress.examples_per_sec, 1),
-        "wall_seconds": round(wall_seconds, 3),
-        "num_ps": cluster.num_ps if cluster else 0,
-        "num_workers": cluster.num_workers if cluster else 1,
-        "sync": bool(config.sync and cluster),
-        "model": config.model,
-        "dataset": config.dataset,
-        "batch_size": config.batch_size,
-    }

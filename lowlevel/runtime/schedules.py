@@ -1,0 +1,98 @@
+"""What a task does, by its schedule (`--schedule`, as in tensor2tensor): one function each.
+
+- `serve` (`run_std_server`, a ps): holds variables until the chief says the run is over;
+- `train` (`train`, the chief and the workers): trains to `--train_steps`, or finds the
+  run finished and ends it (`finish.finished_run`);
+- `evaluate` (`continuous_eval[_on_train_data]`, an evaluator): evaluates each new
+  checkpoint until the final one.
+
+`run` imports TensorFlow (graph mode, quiet: `lowlevel.tf_import`) and picks one.
+Each returns the task's exit status (`lowlevel.errors`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from absl import logging
+
+from lowlevel import config as config_lib
+from lowlevel import events
+from lowlevel.cluster.spec import EVALUATOR, Cluster, Task
+from lowlevel.config import TrainConfig
+from lowlevel.tf_import import import_tensorflow
+
+
+def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Task,
+        preemption, verbose: bool = False) -> int:
+    """Runs `schedule` for `task`; returns the exit status.
+
+    Args:
+      preemption: the task's `preemption.Preemption` (SIGTERM/SIGINT at a safe point).
+      verbose: keep TensorFlow's own log output (`--verbosity=1`).
+    """
+    import_tensorflow(verbose=verbose)
+    events.emit("started", None, schedule=schedule)
+    if schedule == config_lib.RUN_STD_SERVER:
+        return serve(cluster, task, config)
+    if task.job_name == EVALUATOR:
+        return evaluate(config, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)
+    return train(config, cluster, task, preemption)
+
+
+def serve(cluster: Cluster, task: Task, config: TrainConfig) -> int:
+    """A ps: serves the variables until the chief's stop signal (`shutdown.run_std_server`)."""
+    from lowlevel.runtime import server as server_lib
+    from lowlevel.runtime import shutdown
+    session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
+                                               config.inter_op_threads)
+    server = server_lib.start(cluster, task, session_config)
+    return shutdown.run_std_server(server, task, session_config)
+
+
+def evaluate(config: TrainConfig, on_train_data: bool) -> int:
+    """An evaluator: each new checkpoint until the final one; prints the last record."""
+    import tensorflow as tf
+
+    from lowlevel.data import catalogue
+    from lowlevel.runtime import evaluation
+    record = evaluation.continuous_eval(
+        config, catalogue.load_for(config), on_train_data,
+        tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
+                                 inter_op_parallelism_threads=config.inter_op_threads or 1))
+    print(json.dumps(record), flush=True)
+    return 0
+
+
+def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemption) -> int:
+    """The chief or a worker: trains to `--train_steps` (`training.train`), or, on a finished
+    run, ends it (`finish.finished_run`); then reports (`finish.report`)."""
+    import tensorflow as tf
+
+    from lowlevel.data import catalogue
+    from lowlevel.errors import TrainingFinished
+    from lowlevel.outputs import checkpoints
+    from lowlevel.runtime import finish, training
+    from lowlevel.runtime import server as server_lib
+
+    session_config = server = None
+    if cluster:
+        session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
+                                                   config.inter_op_threads)
+        server = server_lib.start(cluster, task, session_config)
+    try:
+        checkpoints.check_finished(config.output_dir, config.train_steps)
+        data = catalogue.load_for(config)
+        worker_gpu = config.worker_gpu
+        if worker_gpu is None:
+            worker_gpu = len(tf.config.list_physical_devices("GPU"))
+        shape = (f"{cluster.num_ps} ps + {cluster.num_workers or 'dynamic'} workers, "
+                 f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
+        logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name,
+                     config.model, data.name, len(data.train), len(data.test), shape)
+        metrics = training.train(config, data, cluster, task, server, session_config,
+                                 worker_gpu, preemption)
+    except TrainingFinished as done:
+        metrics = finish.finished_run(config, cluster, task, server, session_config, done)
+    return finish.report(metrics, preemption)
