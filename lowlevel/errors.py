@@ -24,7 +24,7 @@ exits 128 + N), and a Job's `podFailurePolicy` can say the same. So:
 so it never reads as "killed by a signal".
 
 TensorFlow's own errors (`tf.errors.*`) are classified here and nowhere else
-(`lost_session`, `peer_unreachable`, `storage_error`, `status_of`), by class name, so
+(`lost_session`, `peer_unreachable`, `run_cancelled`, `storage_error`, `status_of`), by class name, so
 this module imports no TensorFlow: the launcher and the CLIs import it before
 (or without) TensorFlow's multi-second import.
 """
@@ -193,6 +193,12 @@ def peer_unreachable(error: BaseException) -> bool:
     """Whether `error` is a TensorFlow error of a peer that cannot be reached now
     (`PEER_UNREACHABLE`): a best-effort signal to it is given up, not raised."""
     return tf_error_name(error) in PEER_UNREACHABLE
+
+
+def run_cancelled(error: BaseException) -> bool:
+    """Whether `error` ends a background loop quietly: its run was cancelled (its session is
+    closing) or ran past the end of its queue (`CancelledError`, `OutOfRangeError`)."""
+    return tf_error_name(error) in ("CancelledError", "OutOfRangeError")
 
 
 def storage_error(error: BaseException) -> bool:

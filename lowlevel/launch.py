@@ -105,6 +105,7 @@ def preload(verbose: bool = False) -> float:
 
 
 def main(argv) -> int:
+    """Starts the cluster's tasks and supervises them; returns the launcher's exit status."""
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:

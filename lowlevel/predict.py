@@ -204,6 +204,7 @@ def write_predictions(path: str, probabilities, classes, labels=None) -> None:
 
 
 def main(argv) -> int:
+    """Scores `--input` (or the test split) with the export; returns the exit status."""
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if not FLAGS.export_dir:

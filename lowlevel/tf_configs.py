@@ -170,6 +170,7 @@ def kubernetes_docs(extra: list[str]) -> list[dict]:
 
 
 def main(argv) -> int:
+    """Prints every task's TF_CONFIG and command, or the Kubernetes manifests; returns 0."""
     extra = argv[1:]
     for arg in extra:
         if not arg.startswith("--"):

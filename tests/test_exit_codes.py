@@ -49,6 +49,29 @@ def test_status_of_an_exception(error, code):
     assert errors.status_of(error) == code
 
 
+def _tf_error(name: str):
+    return getattr(tf.errors, name)(None, None, name)
+
+
+def test_tensorflows_errors_are_classified_by_kind_without_importing_their_module():
+    assert errors.tf_error_name(_tf_error("UnavailableError")) == "UnavailableError"
+    assert errors.tf_error_name(ValueError("not TensorFlow's")) is None
+    assert all(errors.lost_session(_tf_error(n)) for n in errors.LOST_SESSION)
+    assert errors.lost_session(errors.NoLiveSession("being recreated"))
+    assert not errors.lost_session(_tf_error("InvalidArgumentError"))
+    assert all(errors.peer_unreachable(_tf_error(n)) for n in errors.PEER_UNREACHABLE)
+    assert not errors.peer_unreachable(_tf_error("ResourceExhaustedError"))
+    assert errors.storage_error(_tf_error("ResourceExhaustedError"))
+    assert errors.storage_error(OSError(28, "No space left on device"))
+    assert not errors.storage_error(_tf_error("UnavailableError"))
+    assert errors.run_cancelled(_tf_error("CancelledError"))
+    assert errors.run_cancelled(_tf_error("OutOfRangeError"))
+    assert not errors.run_cancelled(_tf_error("AbortedError"))
+    assert errors.is_runtime_failure(_tf_error("InvalidArgumentError"))
+    assert not errors.is_runtime_failure(KeyError("a bug"))
+    assert errors.one_line(_tf_error("UnavailableError")) == "UnavailableError: UnavailableError"
+
+
 @pytest.mark.parametrize("code,restarts,max_restarts,chief_finished,stopping,expected", [
     (0, 0, 0, False, False, FINISHED),
     (143, 0, 2, False, False, RESTART),       # preempted: restart

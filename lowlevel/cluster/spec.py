@@ -22,7 +22,7 @@ import os
 import socket
 from typing import Optional
 
-from lowlevel.config import UsageError
+from lowlevel.errors import UsageError
 
 PS, WORKER, CHIEF, EVALUATOR = "ps", "worker", "chief", "evaluator"
 JOBS = (CHIEF, WORKER, PS, EVALUATOR)

@@ -21,7 +21,7 @@ from typing import Optional
 from lowlevel.cluster.spec import (ALIASES, CHIEF, EVALUATOR, JOBS, PS, WORKER, Cluster,
                               ClusterFlags, Task, checked_task, evaluator_task, from_flags,
                               parse_hosts)
-from lowlevel.config import UsageError
+from lowlevel.errors import UsageError
 
 
 def from_tf_config(text: str) -> tuple[Optional[Cluster], Task]:

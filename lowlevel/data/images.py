@@ -90,6 +90,8 @@ def load(name: str, data_dir: Optional[str] = None) -> DataSet:
 
 
 def load_digits() -> DataSet:
+    """scikit-learn's 1,797 8x8 digits (pixels 0-16), split 1,437 train / 360 test,
+    stratified, seed 0."""
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
 
@@ -102,6 +104,8 @@ def load_digits() -> DataSet:
 
 
 def synthetic(num_train: int = 16384, num_test: int = 2048, seed: int = 1234) -> DataSet:
+    """Random uint8 images of MNIST shape, `[N, 28, 28, 1]`, labelled by a fixed random linear
+    "teacher" (argmax of the centred pixels times a `[784, 10]` normal matrix): learnable."""
     rng = np.random.default_rng(seed)
     teacher = rng.standard_normal((28 * 28, 10)).astype(np.float32)
 

@@ -108,6 +108,8 @@ def claim(global_step, period: int, last_step: int):
 
 
 def steps_left(start, period: int, last_step: int):
+    """int64 scalar: the steps of a block claimed at global step `start` (int64 scalar):
+    `period`, fewer at the end, 0 past `last_step`."""
     return tf.maximum(tf.minimum(tf.constant(period, tf.int64), last_step - start), 0)
 
 

@@ -151,13 +151,7 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     split_name = "train" if on_train_data else "test"
     split = data.train if on_train_data else data.test
     eval_dir = output_layout.eval_dir(config.output_dir, on_train_data)
-    graph = tf.Graph()
-    with graph.as_default():
-        global_step = v1.train.get_or_create_global_step()
-        ops = build(data, split, models.for_config(config, data))
-        variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
-        saver = v1.train.Saver(variables)
-        graph.finalize()
+    graph, global_step, ops, variables, saver = _eval_graph(config, data, split)
     os.makedirs(eval_dir, exist_ok=True)
     records_path = output_layout.eval_records(config.output_dir, on_train_data)
     records = _read_records(records_path)
@@ -169,29 +163,12 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
         with v1.Session(graph=graph, config=session_config) as sess:
             for path in v1.train.checkpoints_iterator(config.output_dir,
                                                       timeout=config.eval_timeout_secs):
-                try:
-                    checkpoints.check_compatible(config.output_dir, variables, path)
-                    saver.restore(sess, path)
-                except errors.CheckpointMismatch:
-                    raise
-                except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
-                    logging.warning("evaluator: skipping %s, which is gone or unreadable "
-                                    "(deleted by the chief's --keep_checkpoint_max?): %s",
-                                    path, getattr(e, "message", e))
+                if not _restore(sess, saver, variables, config.output_dir, path):
                     continue
                 step = int(sess.run(global_step))
                 record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
                               checkpoint=os.path.basename(path))
-                writer.add_summary(v1.Summary(value=[
-                    v1.Summary.Value(tag=tag, simple_value=record[tag])
-                    for tag in ("loss", "accuracy", "auc", "log_loss")
-                    if record.get(tag) is not None]), step)
-                writer.flush()
-                records = [r for r in records if r["global_step"] != step] + [record]
-                _write_records(records_path, records)
-                logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
-                             split_name, record["accuracy"], record["loss"],
-                             f" | auc {record['auc']:.4f}" if record.get("auc") else "")
+                records = _keep(record, records, writer, records_path)
                 if config.export_every_checkpoint and config.keep_exports:
                     _export(path, config, data)
                 if step >= config.train_steps:
@@ -201,6 +178,55 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     raise EvalTimeout(f"evaluator: no new checkpoint in {config.output_dir} for "
                       f"{config.eval_timeout_secs:g} s (--eval_timeout_secs) before the one of "
                       f"global step {config.train_steps}: is the chief running?")
+
+
+def _eval_graph(config: TrainConfig, data, split):
+    """(graph, global_step, eval ops, variables, their saver): the evaluator's finalised graph."""
+    graph = tf.Graph()
+    with graph.as_default():
+        global_step = v1.train.get_or_create_global_step()
+        ops = build(data, split, models.for_config(config, data))
+        variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
+        saver = v1.train.Saver(variables)
+        graph.finalize()
+    return graph, global_step, ops, variables, saver
+
+
+def _restore(sess, saver, variables, output_dir: str, path: str) -> bool:
+    """Restores checkpoint `path`; False (with a warning) if it is gone or unreadable.
+
+    Raises:
+      errors.CheckpointMismatch: a checkpoint of another model.
+    """
+    try:
+        checkpoints.check_compatible(output_dir, variables, path)
+        saver.restore(sess, path)
+        return True
+    except errors.CheckpointMismatch:
+        raise
+    except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
+        logging.warning("evaluator: skipping %s, which is gone or unreadable "
+                        "(deleted by the chief's --keep_checkpoint_max?): %s",
+                        path, getattr(e, "message", e))
+        return False
+
+
+def _keep(record: dict, records: list, writer, records_path: str) -> list:
+    """Writes one checkpoint's `record` as summaries and into `eval_metrics.json`; logs it.
+
+    Returns the records with this one in (replacing an older one of its step)."""
+    step = record["global_step"]
+    writer.add_summary(v1.Summary(value=[
+        v1.Summary.Value(tag=tag, simple_value=record[tag])
+        for tag in ("loss", "accuracy", "auc", "log_loss")
+        if record.get(tag) is not None]), step)
+    writer.flush()
+    records = [r for r in records if r["global_step"] != step] + [record]
+    _write_records(records_path, records)
+    logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
+                 record["split"], record["accuracy"], record["loss"],
+                 f" | auc {record['auc']:.4f}" if record.get("auc") else "")
+    return records
 
 
 def _export(path: str, config: TrainConfig, data: data_lib.DataSet) -> None:

@@ -22,7 +22,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import events
+from lowlevel import errors, events
 from lowlevel.outputs import storage
 from lowlevel import output_layout
 
@@ -250,10 +250,9 @@ class SyncReplicasHook(v1.train.SessionRunHook):
                 if waited:
                     logging.info("sync steps complete again (global step %d) after %.0f s",
                                  step, waited)
-        except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
-            return
-        except Exception as e:  # noqa: BLE001 - handed to the coordinator
-            coord.request_stop(e)
+        except Exception as e:  # noqa: BLE001 - narrowed by `run_cancelled`
+            if not errors.run_cancelled(e):
+                coord.request_stop(e)  # handed to the coordinator
         finally:
             ended.set()
 

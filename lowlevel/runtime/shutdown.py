@@ -14,7 +14,40 @@ by name, so every session that builds them gets the same queue):
 The protocol, step by step, is `end_of_training_hooks` (the order of the
 hooks' `end` calls, which `MonitoredSession` makes in list order inside the
 session, before it closes), `run_std_server` (the ps side) and `stop_cluster`
-(a chief restarted on a finished run).
+(a chief restarted on a finished run); what follows the session is
+`lowlevel.runtime.finish` (steps 9-13).
+
+`MonitoredSession` calls every hook's `end` in list order, inside the
+session, when the training loop is over. Running there, before the session
+is closed, means no new session is needed (creating one can wait seconds
+behind the closing one's clean-up, tensorflow/tensorflow#21745). The end
+of a run, step by step:
+
+1. Every worker's loop stops at the last step (`loop.run`; the counted
+   update and the sync hook make the global step end at exactly
+   `--train_steps`).
+2. A non-chief worker: its `training` hooks end (its throughput figures),
+   then it enqueues its replica index on ps 0's `workers_done` queue
+   (`ReportDoneHook`) and exits. Best effort: if ps 0 is down, the chief
+   notices the worker's exit instead.
+3. The chief first waits (`WaitForWorkersHook`) until every other worker
+   has reported, or its server has refused connections for `GONE_SECS`
+   (it exited or died after its last step), or `timeout_secs` have
+   passed (logged: the run goes on without it).
+4. The chief's `training` hooks end (the progress hook reads the final
+   global step, which now holds every worker's last update).
+5. `checkpoint`: the final checkpoint, of that final state.
+6. `final_eval`: the final evaluation on the test split.
+7. The chief enqueues one element on each ps's `stop_ps<K>` queue
+   (`StopPsHook`); a ps already gone is logged and skipped.
+8. Each ps (`run_std_server`) dequeues it, keeps serving `LINGER_SECS`
+   for the clean-up calls of the closing sessions, and exits 0.
+
+When `preempted` is set (SIGTERM/SIGINT), steps 2, 3, 6 and 7 do nothing:
+the task will be back and the run is not over; the chief's checkpoint
+(5) is still saved. A chief restarted on a finished run skips all of it
+and calls `stop_cluster` instead. In-process (no `channel`) the list is
+the training hooks, the checkpoint and the final evaluation.
 """
 
 from __future__ import annotations
@@ -53,37 +86,7 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
                           preempted: Optional[threading.Event] = None) -> list:
     """The task's hooks, in the order that is the end-of-training protocol.
 
-    `MonitoredSession` calls every hook's `end` in list order, inside the
-    session, when the training loop is over. Running there, before the session
-    is closed, means no new session is needed (creating one can wait seconds
-    behind the closing one's clean-up, tensorflow/tensorflow#21745). The end
-    of a run, step by step:
-
-    1. Every worker's loop stops at the last step (`loop.run`; the counted
-       update and the sync hook make the global step end at exactly
-       `--train_steps`).
-    2. A non-chief worker: its `training` hooks end (its throughput figures),
-       then it enqueues its replica index on ps 0's `workers_done` queue
-       (`ReportDoneHook`) and exits. Best effort: if ps 0 is down, the chief
-       notices the worker's exit instead.
-    3. The chief first waits (`WaitForWorkersHook`) until every other worker
-       has reported, or its server has refused connections for `GONE_SECS`
-       (it exited or died after its last step), or `timeout_secs` have
-       passed (logged: the run goes on without it).
-    4. The chief's `training` hooks end (the progress hook reads the final
-       global step, which now holds every worker's last update).
-    5. `checkpoint`: the final checkpoint, of that final state.
-    6. `final_eval`: the final evaluation on the test split.
-    7. The chief enqueues one element on each ps's `stop_ps<K>` queue
-       (`StopPsHook`); a ps already gone is logged and skipped.
-    8. Each ps (`run_std_server`) dequeues it, keeps serving `LINGER_SECS`
-       for the clean-up calls of the closing sessions, and exits 0.
-
-    When `preempted` is set (SIGTERM/SIGINT), steps 2, 3, 6 and 7 do nothing:
-    the task will be back and the run is not over; the chief's checkpoint
-    (5) is still saved. A chief restarted on a finished run skips all of it
-    and calls `stop_cluster` instead. In-process (no `channel`) the list is
-    the training hooks, the checkpoint and the final evaluation.
+    The order is the protocol above: see the module docstring, steps 1-8.
 
     Args:
       task: this training task.
@@ -120,6 +123,7 @@ def queue(name: str, device: str, capacity: int = 1024):
 
 
 def ps_device(k: int) -> str:
+    """The device string of ps task `k`'s CPU, where its queues live."""
     return f"/job:ps/task:{k}/device:CPU:0"
 
 
