@@ -123,11 +123,11 @@ def next_batches(images, labels, batch_size, seed):
             yield images[idx], labels[idx]
 
 
-def main(_):
-    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
-    v1.disable_eager_execution()
-    ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
-    hidden = [int(h) for h in FLAGS.hidden_units]
+def check_task_flags(ps_hosts, worker_hosts):
+    """Validates --job_name and --task_index against the host lists (lists of "host:port"
+    strings, empty in-process); returns None, raises `app.UsageError` (absl prints the
+    help and the message, exit status 1) when a distributed run names no job or a task
+    index out of range."""
     distributed = bool(worker_hosts)
     if distributed and FLAGS.job_name not in ("ps", "worker"):
         raise app.UsageError("--job_name must be ps or worker with --worker_hosts")
@@ -135,19 +135,132 @@ def main(_):
             ps_hosts if FLAGS.job_name == "ps" else worker_hosts):
         raise app.UsageError(f"--task_index={FLAGS.task_index} out of range")
 
+
+def session_config(ps_hosts, worker_hosts):
+    """This task's `ConfigProto` from the host lists ("host:port" strings; no workers:
+    in-process): returns (config, intra-op threads, inter-op threads). Distributed, the
+    thread counts are lowlevel's (`_reference.thread_counts`) unless --intra_op_threads /
+    --inter_op_threads override them, and `device_filters` let a ps see only itself and a
+    worker only the ps tasks and itself; in-process, every core and no filters."""
+    if not worker_hosts:
+        intra, inter = ref.thread_counts([], None)
+        return v1.ConfigProto(intra_op_parallelism_threads=intra,
+                              inter_op_parallelism_threads=inter), intra, inter
+    me = (ps_hosts if FLAGS.job_name == "ps" else worker_hosts)[FLAGS.task_index]
+    intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker", ps_hosts)
+    intra, inter = FLAGS.intra_op_threads or intra, FLAGS.inter_op_threads or inter
+    filters = ([f"/job:ps/task:{FLAGS.task_index}"] if FLAGS.job_name == "ps"
+               else ["/job:ps", f"/job:worker/task:{FLAGS.task_index}"])
+    config = v1.ConfigProto(intra_op_parallelism_threads=intra,
+                            inter_op_parallelism_threads=inter, device_filters=filters)
+    return config, intra, inter
+
+
+def build_graph(hidden, num_workers, is_chief):
+    """The training graph, built in the caller's device scope (the replica device setter):
+    takes the hidden widths (ints), the number of workers and whether this is the chief;
+    returns (x float32 `[B, 784]` and y int64 `[B]` placeholders, global_step, mean
+    softmax cross-entropy loss, train_op, hooks): Adagrad, async, or wrapped in
+    `SyncReplicasOptimizer` with its hook (--sync); a `StopAtStepHook` at --train_steps."""
+    global_step = v1.train.get_or_create_global_step()
+    x = v1.placeholder(tf.float32, [None, ref.NUM_INPUTS], name="x")
+    y = v1.placeholder(tf.int64, [None], name="y")
+    logits = mlp(x, hidden)
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=logits))
+    opt = v1.train.AdagradOptimizer(FLAGS.learning_rate)
+    hooks = [v1.train.StopAtStepHook(last_step=FLAGS.train_steps)]
+    if FLAGS.sync:
+        opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=num_workers,
+                                             total_num_replicas=num_workers)
+        hooks.append(opt.make_session_run_hook(is_chief))
+    train_op = opt.minimize(loss, global_step=global_step)
+    return x, y, global_step, loss, train_op, hooks
+
+
+def training_batches():
+    """The synthetic MNIST-shaped training split (`_reference.synthetic_train`) scaled to
+    [0, 1] as `input_data.read_data_sets` gave it: returns the `next_batches` generator of
+    (images float32 `[--batch_size, 784]`, labels int64 `[--batch_size]`), seeded with
+    --task_index."""
+    raw_images, labels = ref.synthetic_train()
+    images = raw_images.astype(np.float32) / 255.0  # what input_data.read_data_sets gave
+    return next_batches(images, labels, FLAGS.batch_size, seed=FLAGS.task_index)
+
+
+def wait_for_start_file(task):
+    """With --start_file: creates this worker's ready file (`_reference.ready_file`, for
+    task name `task`, e.g. "worker1") and polls every 50 ms until the start file exists;
+    without it, returns at once. Returns None."""
+    if FLAGS.start_file:
+        open(ref.ready_file(FLAGS.start_file, task), "w").close()
+    while FLAGS.start_file and not os.path.exists(FLAGS.start_file):
+        time.sleep(0.05)
+
+
+def train_loop(sess, fetches, x, y, batches, task):
+    """Runs `fetches` ([train_op, global_step, loss]) feeding `batches` into placeholders
+    x, y until `sess.should_stop()`, timing each `session.run` after this worker's first
+    --warmup_steps; logs every 500 local steps. Returns a dict: step_secs (seconds of each
+    measured run), window (seconds from the start of the first measured step to the end of
+    the last, or None), first_step_unix / last_step_unix (end of the first / last step,
+    Unix seconds), local (local steps), gstep (last global step), loss_value (last loss)."""
+    step_secs, local = [], 0
+    first_step_unix = last_step_unix = window_start = None
+    gstep, loss_value = 0, float("nan")
+    while not sess.should_stop():
+        bx, by = next(batches)
+        if local == FLAGS.warmup_steps:
+            window_start = time.time()
+        t0 = time.perf_counter()
+        _, gstep, loss_value = sess.run(fetches, {x: bx, y: by})
+        dt = time.perf_counter() - t0
+        last_step_unix = time.time()
+        local += 1
+        if first_step_unix is None:
+            first_step_unix = last_step_unix
+        if local > FLAGS.warmup_steps:
+            step_secs.append(dt)
+        if local % 500 == 0:
+            logging.info("%s: local step %d, global step %d, loss %.4f",
+                         task, local, gstep, loss_value)
+    window = (last_step_unix - window_start) if window_start and step_secs else None
+    return dict(step_secs=step_secs, window=window, first_step_unix=first_step_unix,
+                last_step_unix=last_step_unix, local=local, gstep=gstep,
+                loss_value=loss_value)
+
+
+def write_record(task, measured, num_ps, num_workers, hidden, intra, inter):
+    """Writes this worker's throughput record (`_reference.record`) to --out_json and prints
+    it: takes the task name, `train_loop`'s dict (seconds, Unix seconds, step counts), the
+    cluster's ps and worker counts, the hidden widths and the session's intra-/inter-op
+    thread counts. Returns None."""
+    rec = ref.record(task, FLAGS.batch_size, measured["step_secs"], measured["window"],
+                     measured["first_step_unix"], measured["last_step_unix"],
+                     trainer="classic", sync=FLAGS.sync, num_ps=num_ps,
+                     num_workers=num_workers, hidden_units=hidden,
+                     warmup_steps=FLAGS.warmup_steps, total_local_steps=measured["local"],
+                     global_step=int(measured["gstep"]),
+                     final_loss=float(measured["loss_value"]) if measured["local"] else None,
+                     intra_op_threads=intra, inter_op_threads=inter)
+    ref.write_json(FLAGS.out_json, rec)
+
+
+def main(_):
+    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
+    v1.disable_eager_execution()
+    ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
+    hidden = [int(h) for h in FLAGS.hidden_units]
+    check_task_flags(ps_hosts, worker_hosts)
+    distributed = bool(worker_hosts)
+    config, intra, inter = session_config(ps_hosts, worker_hosts)
     if distributed:
-        me = (ps_hosts if FLAGS.job_name == "ps" else worker_hosts)[FLAGS.task_index]
-        intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker", ps_hosts)
-        intra, inter = FLAGS.intra_op_threads or intra, FLAGS.inter_op_threads or inter
-        filters = ([f"/job:ps/task:{FLAGS.task_index}"] if FLAGS.job_name == "ps"
-                   else ["/job:ps", f"/job:worker/task:{FLAGS.task_index}"])
-        config = v1.ConfigProto(intra_op_parallelism_threads=intra,
-                                inter_op_parallelism_threads=inter, device_filters=filters)
         cluster = v1.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
         server = v1.train.Server(cluster, job_name=FLAGS.job_name,
                                  task_index=FLAGS.task_index, config=config)
         if FLAGS.job_name == "ps":
-            logging.info("ps %d: serving on %s; join() forever", FLAGS.task_index, me)
+            logging.info("ps %d: serving on %s; join() forever", FLAGS.task_index,
+                         ps_hosts[FLAGS.task_index])
             server.join()
             return
         target = server.target
@@ -155,70 +268,24 @@ def main(_):
             worker_device=f"/job:worker/task:{FLAGS.task_index}", cluster=cluster)
         num_workers = len(worker_hosts)
     else:
-        intra, inter = ref.thread_counts([], None)
-        config = v1.ConfigProto(intra_op_parallelism_threads=intra,
-                                inter_op_parallelism_threads=inter)
         target, device_fn, num_workers = "", None, 1
     is_chief = FLAGS.task_index == 0
     task = f"worker{FLAGS.task_index}" if distributed else "local"
 
     with v1.device(device_fn):
-        global_step = v1.train.get_or_create_global_step()
-        x = v1.placeholder(tf.float32, [None, ref.NUM_INPUTS], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        logits = mlp(x, hidden)
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y, logits=logits))
-        opt = v1.train.AdagradOptimizer(FLAGS.learning_rate)
-        hooks = [v1.train.StopAtStepHook(last_step=FLAGS.train_steps)]
-        if FLAGS.sync:
-            opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=num_workers,
-                                                 total_num_replicas=num_workers)
-            hooks.append(opt.make_session_run_hook(is_chief))
-        train_op = opt.minimize(loss, global_step=global_step)
+        x, y, global_step, loss, train_op, hooks = build_graph(hidden, num_workers, is_chief)
+    batches = training_batches()
 
-    raw_images, labels = ref.synthetic_train()
-    images = raw_images.astype(np.float32) / 255.0  # what input_data.read_data_sets gave
-    batches = next_batches(images, labels, FLAGS.batch_size, seed=FLAGS.task_index)
-
-    step_secs, local = [], 0
-    first_step_unix = last_step_unix = window_start = None
     ref.wait_for_chief(FLAGS.start_file, is_chief)
     logging.info("%s: creating the session (chief: %s)", task, is_chief)
     with v1.train.MonitoredTrainingSession(master=target, is_chief=is_chief,
                                            checkpoint_dir=FLAGS.checkpoint_dir,
                                            hooks=hooks, config=config) as sess:
         logging.info("%s: session ready", task)
-        if FLAGS.start_file:
-            open(ref.ready_file(FLAGS.start_file, task), "w").close()
-        while FLAGS.start_file and not os.path.exists(FLAGS.start_file):
-            time.sleep(0.05)
-        gstep, loss_value = 0, float("nan")
-        while not sess.should_stop():
-            bx, by = next(batches)
-            if local == FLAGS.warmup_steps:
-                window_start = time.time()
-            t0 = time.perf_counter()
-            _, gstep, loss_value = sess.run([train_op, global_step, loss], {x: bx, y: by})
-            dt = time.perf_counter() - t0
-            last_step_unix = time.time()
-            local += 1
-            if first_step_unix is None:
-                first_step_unix = last_step_unix
-            if local > FLAGS.warmup_steps:
-                step_secs.append(dt)
-            if local % 500 == 0:
-                logging.info("%s: local step %d, global step %d, loss %.4f",
-                             task, local, gstep, loss_value)
-        window = (last_step_unix - window_start) if window_start and step_secs else None
-        rec = ref.record(task, FLAGS.batch_size, step_secs, window, first_step_unix,
-                         last_step_unix, trainer="classic", sync=FLAGS.sync,
-                         num_ps=len(ps_hosts), num_workers=num_workers,
-                         hidden_units=hidden, warmup_steps=FLAGS.warmup_steps,
-                         total_local_steps=local, global_step=int(gstep),
-                         final_loss=float(loss_value) if local else None,
-                         intra_op_threads=intra, inter_op_threads=inter)
-        ref.write_json(FLAGS.out_json, rec)
+        wait_for_start_file(task)
+        measured = train_loop(sess, [train_op, global_step, loss], x, y, batches, task)
+        # written before the session closes: a sync close may hang (tensorflow#2386)
+        write_record(task, measured, len(ps_hosts), num_workers, hidden, intra, inter)
     logging.info("%s: session closed", task)
 
 

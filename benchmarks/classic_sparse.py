@@ -118,25 +118,124 @@ def next_batches(split, batch_size, seed):
             yield split.dense[idx], split.categorical[idx], split.crosses[idx], split.labels[idx]
 
 
-def main(_):
-    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
-    v1.disable_eager_execution()
-    ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
+def check_task_flags(ps_hosts, worker_hosts):
+    """Validates the cluster flags against the host lists (lists of "host:port" strings):
+    returns None, raises `app.UsageError` (absl prints the help and the message, exit
+    status 1) without both lists and --job_name=ps|worker, or with a --task_index out of
+    range for the job."""
     if not (ps_hosts and worker_hosts) or FLAGS.job_name not in ("ps", "worker"):
         raise app.UsageError("--ps_hosts, --worker_hosts and --job_name=ps|worker are required")
     if not 0 <= FLAGS.task_index < len(ps_hosts if FLAGS.job_name == "ps" else worker_hosts):
         raise app.UsageError(f"--task_index={FLAGS.task_index} out of range")
+
+
+def session_config(ps_hosts, worker_hosts):
+    """This task's `ConfigProto` from the host lists ("host:port" strings): returns
+    (config, intra-op threads, inter-op threads), the thread counts lowlevel would choose
+    (`_reference.thread_counts`) and `device_filters` by which a ps sees only itself and a
+    worker only the ps tasks and itself."""
     me = (ps_hosts if FLAGS.job_name == "ps" else worker_hosts)[FLAGS.task_index]
     intra, inter = ref.thread_counts(worker_hosts, me, FLAGS.job_name == "worker", ps_hosts)
     filters = ([f"/job:ps/task:{FLAGS.task_index}"] if FLAGS.job_name == "ps"
                else ["/job:ps", f"/job:worker/task:{FLAGS.task_index}"])
     config = v1.ConfigProto(intra_op_parallelism_threads=intra,
                             inter_op_parallelism_threads=inter, device_filters=filters)
+    return config, intra, inter
+
+
+def build_graph(data, hidden):
+    """The training graph, built in the caller's device scope (the replica device setter):
+    takes the `synthetic_ctr` data (for its field sizes and feature counts) and the hidden
+    widths (ints); returns ((dense float32 `[B, 13]`, categorical int64 `[B, 26]`, crosses
+    int64 `[B, 3]`, labels int64 `[B]`) placeholders, global_step, mean sigmoid
+    cross-entropy loss, train_op of an asynchronous Adagrad)."""
+    global_step = v1.train.get_or_create_global_step()
+    dense = v1.placeholder(tf.float32, [None, data.num_dense], name="dense")
+    categorical = v1.placeholder(tf.int64, [None, len(data.field_sizes)], name="categorical")
+    crosses = v1.placeholder(tf.int64, [None, len(data.cross_names)], name="crosses")
+    labels = v1.placeholder(tf.int64, [None], name="labels")
+    logits = wide_deep_logits(dense, categorical, crosses, data.field_sizes,
+                              FLAGS.hash_buckets, FLAGS.embedding_dim, hidden,
+                              FLAGS.num_partitions)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=tf.cast(labels, tf.float32), logits=logits))
+    train_op = v1.train.AdagradOptimizer(FLAGS.learning_rate).minimize(
+        loss, global_step=global_step)
+    return (dense, categorical, crosses, labels), global_step, loss, train_op
+
+
+def wait_for_start_file(task):
+    """With --start_file: creates this worker's ready file (`_reference.ready_file`, for
+    task name `task`, e.g. "worker1") and polls every 50 ms until the start file exists;
+    without it, returns at once. Returns None."""
+    if FLAGS.start_file:
+        open(ref.ready_file(FLAGS.start_file, task), "w").close()
+    while FLAGS.start_file and not os.path.exists(FLAGS.start_file):
+        time.sleep(0.05)
+
+
+def train_loop(sess, fetches, placeholders, batches, task):
+    """Runs `fetches` ([train_op, global_step, loss]) feeding `batches` into the (dense,
+    categorical, crosses, labels) placeholders until `sess.should_stop()`, timing each
+    `session.run` after this worker's first --warmup_steps; logs every 200 local steps.
+    Returns a dict: step_secs (seconds of each measured run), window (seconds from the
+    start of the first measured step to the end of the last, or None), first_step_unix /
+    last_step_unix (end of the first / last step, Unix seconds), local (local steps),
+    gstep (last global step), loss_value (last loss)."""
+    dense, categorical, crosses, labels = placeholders
+    step_secs, local = [], 0
+    first_step_unix = last_step_unix = window_start = None
+    gstep, loss_value = 0, float("nan")
+    while not sess.should_stop():
+        bd, bc, bx, by = next(batches)
+        if local == FLAGS.warmup_steps:
+            window_start = time.time()
+        t0 = time.perf_counter()
+        _, gstep, loss_value = sess.run(fetches, {
+            dense: bd, categorical: bc, crosses: bx, labels: by})
+        dt = time.perf_counter() - t0
+        last_step_unix = time.time()
+        local += 1
+        first_step_unix = first_step_unix or last_step_unix
+        if local > FLAGS.warmup_steps:
+            step_secs.append(dt)
+        if local % 200 == 0:
+            logging.info("%s: local step %d, global step %d, loss %.4f",
+                         task, local, gstep, loss_value)
+    window = (last_step_unix - window_start) if window_start and step_secs else None
+    return dict(step_secs=step_secs, window=window, first_step_unix=first_step_unix,
+                last_step_unix=last_step_unix, local=local, gstep=gstep,
+                loss_value=loss_value)
+
+
+def write_record(task, measured, num_ps, num_workers, hidden, intra, inter):
+    """Writes this worker's throughput record (`_reference.record`) to --out_json and prints
+    it: takes the task name, `train_loop`'s dict (seconds, Unix seconds, step counts), the
+    cluster's ps and worker counts, the hidden widths and the session's intra-/inter-op
+    thread counts. Returns None."""
+    ref.write_json(FLAGS.out_json, ref.record(
+        task, FLAGS.batch_size, measured["step_secs"], measured["window"],
+        measured["first_step_unix"], measured["last_step_unix"],
+        trainer="classic_sparse", sync=False, num_ps=num_ps, num_workers=num_workers,
+        hidden_units=hidden, warmup_steps=FLAGS.warmup_steps,
+        total_local_steps=measured["local"], global_step=int(measured["gstep"]),
+        final_loss=float(measured["loss_value"]) if measured["local"] else None,
+        vocab_size=FLAGS.vocab_size, embedding_dim=FLAGS.embedding_dim,
+        intra_op_threads=intra, inter_op_threads=inter))
+
+
+def main(_):
+    lifetime.die_with_parent()  # first: a harness that dies takes this task with it
+    v1.disable_eager_execution()
+    ps_hosts, worker_hosts = ref.hosts(FLAGS.ps_hosts), ref.hosts(FLAGS.worker_hosts)
+    check_task_flags(ps_hosts, worker_hosts)
+    config, intra, inter = session_config(ps_hosts, worker_hosts)
     cluster = v1.train.ClusterSpec({"ps": ps_hosts, "worker": worker_hosts})
     server = v1.train.Server(cluster, job_name=FLAGS.job_name, task_index=FLAGS.task_index,
                              config=config)
     if FLAGS.job_name == "ps":
-        logging.info("ps %d: serving on %s; join() forever", FLAGS.task_index, me)
+        logging.info("ps %d: serving on %s; join() forever", FLAGS.task_index,
+                     ps_hosts[FLAGS.task_index])
         server.join()
         return
     task, is_chief = f"worker{FLAGS.task_index}", FLAGS.task_index == 0
@@ -144,57 +243,19 @@ def main(_):
     hidden = [int(h) for h in FLAGS.hidden_units]
     with v1.device(v1.train.replica_device_setter(
             worker_device=f"/job:worker/task:{FLAGS.task_index}", cluster=cluster)):
-        global_step = v1.train.get_or_create_global_step()
-        dense = v1.placeholder(tf.float32, [None, data.num_dense], name="dense")
-        categorical = v1.placeholder(tf.int64, [None, len(data.field_sizes)], name="categorical")
-        crosses = v1.placeholder(tf.int64, [None, len(data.cross_names)], name="crosses")
-        labels = v1.placeholder(tf.int64, [None], name="labels")
-        logits = wide_deep_logits(dense, categorical, crosses, data.field_sizes,
-                                  FLAGS.hash_buckets, FLAGS.embedding_dim, hidden,
-                                  FLAGS.num_partitions)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-            labels=tf.cast(labels, tf.float32), logits=logits))
-        train_op = v1.train.AdagradOptimizer(FLAGS.learning_rate).minimize(
-            loss, global_step=global_step)
+        placeholders, global_step, loss, train_op = build_graph(data, hidden)
     batches = next_batches(data.train, FLAGS.batch_size, seed=FLAGS.task_index)
     hooks = [v1.train.StopAtStepHook(last_step=FLAGS.train_steps)]
-    step_secs, local = [], 0
-    first_step_unix = last_step_unix = window_start = None
     ref.wait_for_chief(FLAGS.start_file, is_chief)
     logging.info("%s: creating the session (chief: %s)", task, is_chief)
     with v1.train.MonitoredTrainingSession(master=server.target, is_chief=is_chief,
                                            hooks=hooks, config=config) as sess:
         logging.info("%s: session ready", task)
-        if FLAGS.start_file:
-            open(ref.ready_file(FLAGS.start_file, task), "w").close()
-        while FLAGS.start_file and not os.path.exists(FLAGS.start_file):
-            time.sleep(0.05)
-        gstep, loss_value = 0, float("nan")
-        while not sess.should_stop():
-            bd, bc, bx, by = next(batches)
-            if local == FLAGS.warmup_steps:
-                window_start = time.time()
-            t0 = time.perf_counter()
-            _, gstep, loss_value = sess.run([train_op, global_step, loss], {
-                dense: bd, categorical: bc, crosses: bx, labels: by})
-            dt = time.perf_counter() - t0
-            last_step_unix = time.time()
-            local += 1
-            first_step_unix = first_step_unix or last_step_unix
-            if local > FLAGS.warmup_steps:
-                step_secs.append(dt)
-            if local % 200 == 0:
-                logging.info("%s: local step %d, global step %d, loss %.4f",
-                             task, local, gstep, loss_value)
-        window = (last_step_unix - window_start) if window_start and step_secs else None
-        ref.write_json(FLAGS.out_json, ref.record(
-            task, FLAGS.batch_size, step_secs, window, first_step_unix, last_step_unix,
-            trainer="classic_sparse", sync=False, num_ps=len(ps_hosts),
-            num_workers=len(worker_hosts), hidden_units=hidden,
-            warmup_steps=FLAGS.warmup_steps, total_local_steps=local, global_step=int(gstep),
-            final_loss=float(loss_value) if local else None, vocab_size=FLAGS.vocab_size,
-            embedding_dim=FLAGS.embedding_dim, intra_op_threads=intra,
-            inter_op_threads=inter))
+        wait_for_start_file(task)
+        measured = train_loop(sess, [train_op, global_step, loss], placeholders, batches,
+                              task)
+        # written before the session closes, as in classic.py
+        write_record(task, measured, len(ps_hosts), len(worker_hosts), hidden, intra, inter)
     logging.info("%s: session closed", task)
 
 

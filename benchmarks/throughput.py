@@ -354,9 +354,12 @@ def write(bench: Bench, result: dict, final: bool) -> None:
             _report.plot(records, os.path.join(bench.out, "throughput.png"))
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected argument {argv[1]!r}")
+def apply_flags() -> None:
+    """Settles and checks the flags before anything runs: fills in the --quick values of
+    flags not given, narrows --suite to dense when --configs is given alone, empties the
+    dense suite's flags when it does not run, and raises `app.UsageError` (absl prints the
+    help, then the one-line message; exit status 1) for an unexpected --suite, --modes or
+    --configs value. Returns None; it changes FLAGS in place."""
     if FLAGS.quick:
         for name, value in QUICK.items():
             if not FLAGS[name].present:
@@ -375,16 +378,12 @@ def main(argv):
     bad = [c for c in FLAGS.configs or [] if c not in known]
     if bad:
         raise app.UsageError(f"--configs: unknown {bad}; expected some of {_configs.MAIN}")
-    started = time.time()
-    if FLAGS.link:  # bandwidth-limited links: benchmarks/_linkbench.py
-        return _linkbench.main(meta(sys.argv, started), describe)
-    out = os.path.abspath(FLAGS.out)
-    os.makedirs(out, exist_ok=True)
-    shutil.rmtree(os.path.join(out, "runs"), ignore_errors=True)
-    bench = Bench(out)
-    result = {"meta": meta(sys.argv, started)}
-    hidden = tuple(int(h) for h in FLAGS.hidden_units)
-    modes = list(FLAGS.modes)
+
+
+def probe_comm_reduced(bench: Bench, modes: list) -> None:
+    """If `modes` (mode names) includes comm_reduced, asks the trainer whether it takes
+    --communication_period; if not, sets `bench.comm_reduced_skip` to its reason and
+    prints that line and adds it to `bench.notes`. Returns None."""
     if "comm_reduced" in modes:
         bench.comm_reduced_skip = _runners.probe_comm_reduced(FLAGS.communication_period)
         if bench.comm_reduced_skip:
@@ -392,24 +391,30 @@ def main(argv):
                     f"{FLAGS.communication_period} ({bench.comm_reduced_skip})")
             print(line, flush=True)
             bench.notes.append(line)
-    main_cfgs = _configs.selected(_configs.MAIN, modes, hidden, FLAGS.configs, "main")
-    sweep_cfgs = [c for w in FLAGS.sweep_widths if int(w) != hidden[0]
-                  for c in _configs.selected(_configs.SWEEP, modes, (int(w), int(w)),
-                                             FLAGS.configs, "sweep")]
+
+
+def count_runs(bench: Bench, main_cfgs: list, sweep_cfgs: list, modes: list) -> int:
+    """The number of runs this benchmark will start (the N of "[i/N]"), from the main and
+    sweep `_configs.Config`s and the mode names: the rounds of each configuration (more
+    for the --headline ones), the sweep's rounds and the accuracy runs (a mode per seed),
+    none of a comm_reduced mode that `bench.comm_reduced_skip` rules out."""
     runnable = (lambda cs: [c for c in cs if not (c.mode == "comm_reduced" and
                                                  bench.comm_reduced_skip)])
-    total = (len(runnable(main_cfgs)) * FLAGS.repeats +
-             len([c for c in runnable(main_cfgs) if c.key in FLAGS.headline]) *
-             max(0, (FLAGS.headline_repeats or 0) - FLAGS.repeats) +
-             len(runnable(sweep_cfgs)) * FLAGS.sweep_repeats +
-             (len(runnable([_configs.Config("a", "lowlevel", m, 1, 2, False, ()) for m in modes]))
-              * len(FLAGS.accuracy_seeds) if FLAGS.accuracy else 0))
-    print(f"throughput: {len(main_cfgs)} configurations x {FLAGS.repeats} round(s) "
-          f"(headline ones x {max(FLAGS.headline_repeats or 0, FLAGS.repeats)}), "
-          f"{len(sweep_cfgs)} sweep run(s) x {FLAGS.sweep_repeats}, accuracy "
-          f"{'on' if FLAGS.accuracy else 'off'}; output in {out}", flush=True)
-    if FLAGS.placement:
-        result["placement"] = _runners.placement_balance(hidden)
+    return (len(runnable(main_cfgs)) * FLAGS.repeats +
+            len([c for c in runnable(main_cfgs) if c.key in FLAGS.headline]) *
+            max(0, (FLAGS.headline_repeats or 0) - FLAGS.repeats) +
+            len(runnable(sweep_cfgs)) * FLAGS.sweep_repeats +
+            (len(runnable([_configs.Config("a", "lowlevel", m, 1, 2, False, ()) for m in modes]))
+             * len(FLAGS.accuracy_seeds) if FLAGS.accuracy else 0))
+
+
+def run_rounds(bench: Bench, result: dict, main_cfgs: list, sweep_cfgs: list,
+               total: int) -> None:
+    """Runs the rounds: each round the main `_configs.Config`s due in it (all of them for
+    --repeats rounds, the --headline ones up to --headline_repeats) in paired shuffled
+    order, then the sweep's (for --sweep_repeats rounds) shuffled, seeded by --seed;
+    `total` is the run count printed as "[i/total]". Rewrites results.json (`write`)
+    after every run not skipped. Returns None; the runs are in `bench.runs`."""
     rng = random.Random(FLAGS.seed)
     headline_repeats = max(FLAGS.headline_repeats or 0, FLAGS.repeats)
     for rnd in range(max(headline_repeats, FLAGS.sweep_repeats)):
@@ -422,6 +427,35 @@ def main(argv):
             run = bench.run(cfg, rnd, total)
             if not run.get("skipped"):
                 write(bench, result, final=False)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected argument {argv[1]!r}")
+    apply_flags()
+    started = time.time()
+    if FLAGS.link:  # bandwidth-limited links: benchmarks/_linkbench.py
+        return _linkbench.main(meta(sys.argv, started), describe)
+    out = os.path.abspath(FLAGS.out)
+    os.makedirs(out, exist_ok=True)
+    shutil.rmtree(os.path.join(out, "runs"), ignore_errors=True)
+    bench = Bench(out)
+    result = {"meta": meta(sys.argv, started)}
+    hidden = tuple(int(h) for h in FLAGS.hidden_units)
+    modes = list(FLAGS.modes)
+    probe_comm_reduced(bench, modes)
+    main_cfgs = _configs.selected(_configs.MAIN, modes, hidden, FLAGS.configs, "main")
+    sweep_cfgs = [c for w in FLAGS.sweep_widths if int(w) != hidden[0]
+                  for c in _configs.selected(_configs.SWEEP, modes, (int(w), int(w)),
+                                             FLAGS.configs, "sweep")]
+    total = count_runs(bench, main_cfgs, sweep_cfgs, modes)
+    print(f"throughput: {len(main_cfgs)} configurations x {FLAGS.repeats} round(s) "
+          f"(headline ones x {max(FLAGS.headline_repeats or 0, FLAGS.repeats)}), "
+          f"{len(sweep_cfgs)} sweep run(s) x {FLAGS.sweep_repeats}, accuracy "
+          f"{'on' if FLAGS.accuracy else 'off'}; output in {out}", flush=True)
+    if FLAGS.placement:
+        result["placement"] = _runners.placement_balance(hidden)
+    run_rounds(bench, result, main_cfgs, sweep_cfgs, total)
     if FLAGS.accuracy:
         result["accuracy"] = accuracy_check(bench, modes)
     if "sparse" in FLAGS.suite:

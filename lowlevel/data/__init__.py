@@ -1,0 +1,1 @@
+"""The data sets: images (digits, MNIST, synthetic), click-through data (MovieLens, synthetic CTR), sharding and input pipelines."""
