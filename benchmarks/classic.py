@@ -69,6 +69,7 @@ from absl import app, flags, logging
 
 from benchmarks import _reference as ref
 from lowlevel.ops import lifetime
+from lowlevel import cli
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -290,4 +291,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("benchmarks.classic"))

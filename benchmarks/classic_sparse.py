@@ -47,6 +47,7 @@ from absl import app, flags, logging
 from benchmarks import _reference as ref
 from lowlevel.data import ctr as ctr_data
 from lowlevel.ops import lifetime
+from lowlevel import cli
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS
@@ -260,4 +261,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("benchmarks.classic_sparse"))

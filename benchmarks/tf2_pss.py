@@ -54,6 +54,7 @@ from absl import app, flags, logging
 
 from benchmarks import _reference as ref
 from lowlevel.ops import lifetime
+from lowlevel import cli
 
 FLAGS = flags.FLAGS
 
@@ -153,4 +154,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("benchmarks.tf2_pss"))

@@ -32,6 +32,7 @@ from absl import app, flags, logging
 
 from benchmarks import _reference as ref
 from lowlevel.ops import lifetime
+from lowlevel import cli
 
 FLAGS = flags.FLAGS
 
@@ -171,4 +172,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("benchmarks.tf2_pss_sparse"))

@@ -70,6 +70,7 @@ from absl import app, flags
 
 from benchmarks import _configs, _linkbench, _report, _runners, sparse
 from lowlevel.outputs import files as lowlevel_files
+from lowlevel import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_boolean("quick", False, "Short runs of the configurations the targets need, 1 "
@@ -484,4 +485,4 @@ def print_summary(result: dict, out: str) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser("benchmarks.throughput"))
