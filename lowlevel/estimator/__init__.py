@@ -19,14 +19,23 @@ provided: the canned estimators (DNNClassifier, LinearRegressor, ...), heads,
 TPUEstimator, distribution strategies, keras model_to_estimator. The
 distributed `train_and_evaluate` (a cluster in TF_CONFIG) goes through
 lowlevel's runtime (pending: NotImplementedError for now).
+
+Importing this package before TensorFlow, with the legacy-keras extra
+(tf-keras) installed, sets TF_USE_LEGACY_KERAS=1 unless it is set: tf.keras
+and tf.compat.v1.layers are then Keras 2, as TF1-style model_fns expect
+(`lowlevel.estimator.alias.prepare_environment`).
 """
 
 from __future__ import annotations
 
-import tensorflow as tf
+from lowlevel.estimator import alias as _alias
 
-from lowlevel.estimator import export  # noqa: F401
-from lowlevel.estimator import inputs  # noqa: F401
+_alias.prepare_environment()
+
+import tensorflow as tf  # noqa: E402  (after the Keras environment is set)
+
+from lowlevel.estimator import export  # noqa: F401,E402
+from lowlevel.estimator import inputs  # noqa: F401,E402
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
 from lowlevel.estimator.run_config import RunConfig

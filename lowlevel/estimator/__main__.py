@@ -1,6 +1,7 @@
 """`python -m lowlevel.estimator SCRIPT.py [ARGS...]`: runs a TF <= 2.15 Estimator script unmodified.
 
-Sets up the Keras environment and the import aliases (`lowlevel.estimator.alias`),
+Sets up the Keras environment (importing lowlevel.estimator does, before
+TensorFlow) and the import aliases (`lowlevel.estimator.alias`),
 then runs SCRIPT as `__main__` with `sys.argv = [SCRIPT, ARGS...]` and its
 directory first on `sys.path` (`runpy.run_path`), as `python SCRIPT.py ARGS`
 would. The exit status is the script's (SystemExit passes through; an
@@ -15,6 +16,7 @@ import os
 import runpy
 import sys
 
+import lowlevel.estimator as estimator
 from lowlevel import errors
 from lowlevel.estimator import alias
 
@@ -34,8 +36,7 @@ def main(argv=None) -> int:
     if not os.path.isfile(script):
         sys.stderr.write(f"lowlevel.estimator: no such script: {script}\n")
         return errors.USAGE
-    alias.prepare_environment()
-    alias.install()
+    alias.install(estimator)
     sys.argv = [script] + argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:

@@ -55,11 +55,12 @@ class _MissingLegacyLayers(types.ModuleType):
         raise LegacyKerasMissing(f"tf.compat.v1.layers.{item}: {EXTRA_HINT}")
 
 
-def install():
-    """Imports TensorFlow and points its estimator names at `lowlevel.estimator`; returns tf."""
-    import tensorflow as tf
+def install(estimator):
+    """Points TensorFlow's estimator names at `estimator` (the lowlevel.estimator module); returns tf.
 
-    import lowlevel.estimator as estimator
+    Imports TensorFlow if it is not imported yet (eager execution untouched).
+    """
+    import tensorflow as tf
 
     tf.estimator = estimator
     tf.compat.v1.estimator = estimator

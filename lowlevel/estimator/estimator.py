@@ -94,6 +94,20 @@ def config_with_model_dir(config, model_dir):
     return config
 
 
+_ALLOWED_OVERRIDES = {"model_fn", "_create_and_assert_global_step", "_export_all_saved_models",
+                      "latest_checkpoint"}
+
+
+def _assert_members_are_not_overridden(cls, obj):
+    """2.15's rule: a subclass may not redefine Estimator's members (but a few)."""
+    members = {m for m in dir(cls) if not m.startswith("__")}
+    overridden = [m for m in (members & set(obj.__class__.__dict__)) - _ALLOWED_OVERRIDES
+                  if getattr(cls, m) != getattr(obj.__class__, m)]
+    if overridden:
+        raise ValueError("Subclasses of Estimator cannot override members of Estimator. "
+                         f"{obj.__class__} does override {overridden}")
+
+
 class Estimator:
     """tf.estimator.Estimator (2.15): trains, evaluates, predicts with and exports a model_fn.
 
@@ -108,6 +122,7 @@ class Estimator:
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None,
                  warm_start_from=None):
+        _assert_members_are_not_overridden(Estimator, self)
         self._config = config_with_model_dir(config, model_dir)
         self._model_dir = self._config.model_dir
         self._session_config = self._config.session_config

@@ -251,5 +251,24 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     if not config.cluster_spec and config.task_type != run_config_lib.TaskType.EVALUATOR:
         logging.info("Running training and evaluation locally (non-distributed).")
         return _run_local(estimator, train_spec, eval_spec)
+    _check_task_type(config)
     raise NotImplementedError("distributed train_and_evaluate: lowlevel runtime integration "
                               "pending")
+
+
+_TASK_TYPES = ["chief", "evaluator", "master", "ps", "worker"]
+
+
+def _check_task_type(config):
+    """2.15's `_TrainingExecutor.run` checks of a distributed task's type (ValueError)."""
+    if not config.task_type:
+        raise ValueError("`estimator.config` must have task_type set. This usually means "
+                         "TF_CONFIG environment is not set correctly.")
+    if config.task_type == "local":
+        raise ValueError(
+            "`task.type` in TF_CONFIG cannot be `local`. Leaving `cluster` and `task` "
+            "properties in TF_CONFIG absent triggers train and evaluate `Estimator` locally "
+            "(non-distributed).")
+    if config.task_type not in _TASK_TYPES:
+        raise ValueError(f"Task type {config.task_type} is not supported. Supported task types "
+                         f"are {_TASK_TYPES}")
