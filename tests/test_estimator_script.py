@@ -97,3 +97,30 @@ def test_usage_and_missing_script():
     missing = subprocess.run([sys.executable, "-m", "lowlevel.estimator", "/nonexistent.py"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert missing.returncode == 2 and "no such script" in missing.stderr
+
+
+ALIAS_SCRIPT = '''
+import sys
+import tensorflow as tf
+import tensorflow.estimator
+from tensorflow import estimator as from_import
+import tensorflow_estimator
+import tensorflow_estimator.estimator
+import lowlevel.estimator as ours
+same = [tf.estimator is ours, tf.compat.v1.estimator is ours, tensorflow.estimator is ours,
+        from_import is ours, tensorflow_estimator.estimator is ours,
+        sys.modules["tensorflow_estimator.estimator"] is ours,
+        tf.compat.v1.estimator.inputs.numpy_input_fn is ours.inputs.numpy_input_fn]
+print("ALIASES", same, tf.executing_eagerly(), __name__, sys.argv[1:])
+'''
+
+
+def test_every_import_form_names_lowlevel_estimator(tmp_path):
+    script = tmp_path / "aliases.py"
+    script.write_text(ALIAS_SCRIPT)
+    result = subprocess.run([sys.executable, "-m", "lowlevel.estimator", str(script), "a", "-b"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = [x for x in result.stdout.splitlines() if x.startswith("ALIASES")]
+    assert line == ["ALIASES [True, True, True, True, True, True, True] True __main__ "
+                    "['a', '-b']"]
