@@ -66,9 +66,9 @@ def _theirs(description):
 def test_feature_columns_partitioned_variables_and_classify_export(est, tmp_path):
     script = load_script("feature_columns_estimator.py")
     model_dir = str(tmp_path / "fc")
-    out = script["main"]([f"--model_dir={model_dir}", "--max_steps=10",
-                          "--save_checkpoints_steps=10"])
-    assert out["metrics"]["global_step"] == 10
+    estimator = script["build_estimator"](script["parse_args"]([f"--model_dir={model_dir}"]))
+    estimator.train(script["train_input_fn"], steps=2)
+    assert estimator.get_variable_value("global_step") == 2
     theirs = fixture("checkpoint_variables.json")["feature_columns_estimator.py"]["variables"]
     assert [(n, s) for n, s in tf.train.list_variables(model_dir)] == \
         [(v["name"], v["shape"]) for v in theirs]
@@ -78,7 +78,8 @@ def test_feature_columns_partitioned_variables_and_classify_export(est, tmp_path
     assert in_graph == [list(v) for v in fixture(
         "checkpoint_variables.json")["feature_columns_estimator.py"][
         "partitioned_variables_in_graph"]]
-    final = [p for p in out["export_results"] if "/final/" in p][0]
+    final = estimator.export_saved_model(str(tmp_path / "export"),
+                                         script["serving_input_receiver_fn"]).decode()
     expected = SIGNATURES["feature_columns_exports"]["export/final/<timestamp>"]
     assert _signatures(final) == _theirs(expected)
 
