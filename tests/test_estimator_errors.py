@@ -38,7 +38,7 @@ def _normalise(text):
     text = re.sub(r"<class '[\w.<>]*?(\w+)'>", r"<class '\1'>", text)
     text = re.sub(r"<[\w.]*?(\w+) object at", r"<\1 object at", text)
     text = re.sub(r"[\w.<>]*\.<locals>\.", "", text)
-    return re.sub(r"/[^ ]*/(m\d+|train)\b", "<dir>", text)
+    return re.sub(r"(<work>|/[^ ]*)/(m\d+|train)\b", "<dir>", text)
 
 
 def _check(case, call):
