@@ -321,3 +321,108 @@ def test_valid_model_fn_args_and_mode_keys():
     assert (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT) == ("train", "eval", "infer")
     with pytest.raises(ValueError, match="model_fn should return an EstimatorSpec."):
         call_model_fn(lambda features: None, {}, None, ModeKeys.TRAIN, {}, None)
+
+
+# ---------------------------------------------------------------- input_fn results, specs, outputs
+
+def test_features_and_labels_reads_2_15s_input_fn_results():
+    with tf.Graph().as_default():
+        features, labels, hooks = input_fns.features_and_labels(
+            tf.data.Dataset.from_tensors(({"x": tf.zeros([2, 3])}, tf.zeros([2]))))
+        assert sorted(features) == ["x"] and labels.shape.as_list() == [2] and len(hooks) == 1
+        assert features["x"].op.type == "IteratorGetNext"
+        features, labels, hooks = input_fns.features_and_labels(
+            tf.data.Dataset.from_tensors({"x": tf.zeros([2, 3])}))
+        assert labels is None and len(hooks) == 1
+        plain = {"x": tf.zeros([2, 3])}
+        assert input_fns.features_and_labels(plain) == (plain, None, [])
+        with pytest.raises(ValueError, match=r"^input_fn should return \(features, labels\) as "
+                                             r"a len 2 tuple.$"):
+            input_fns.features_and_labels((plain, plain, plain))
+
+
+def test_call_input_fn_passes_the_arguments_it_names():
+    seen = {}
+    input_fns.call_input_fn(lambda params, config, mode: seen.update(
+        params=params, config=config, mode=mode), "eval", {"a": 1}, "cfg")
+    assert seen == {"params": {"a": 1}, "config": "cfg", "mode": "eval"}
+    assert input_fns.call_input_fn(lambda input_context=None: input_context, "train", {}, None,
+                                   input_context="ctx") == "ctx"
+
+
+def test_estimator_spec_defaults_and_replace():
+    with tf.Graph().as_default():
+        loss = tf.reshape(tf.constant(1.0), [1])
+        spec = EstimatorSpec(ModeKeys.TRAIN, loss=loss, train_op=tf.no_op())
+        assert spec.loss.shape.as_list() == [] and spec.predictions == {}
+        assert spec.training_hooks == () and isinstance(spec.scaffold, v1.train.Scaffold)
+        with pytest.raises(ValueError, match="^mode of EstimatorSpec cannot be changed.$"):
+            spec._replace(mode=ModeKeys.EVAL)
+        assert spec._replace(loss=tf.constant(2.0)).loss.shape.as_list() == []
+        with pytest.raises(ValueError, match="^Missing predictions.$"):
+            EstimatorSpec(ModeKeys.PREDICT)
+        predict = EstimatorSpec(ModeKeys.PREDICT, predictions={"p": tf.zeros([2])})
+        assert list(predict.export_outputs) == ["serving_default"]
+        assert isinstance(predict.export_outputs["serving_default"],
+                          export_outputs.PredictOutput)
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="must be from the default"):
+        EstimatorSpec(ModeKeys.EVAL, loss=loss)
+
+
+def test_export_output_rules_and_signatures():
+    with tf.Graph().as_default():
+        examples = v1.placeholder(tf.string, [None], name="examples")
+        scores, floats = tf.zeros([2, 3]), v1.placeholder(tf.float32, [None, 3], name="x")
+        classes = tf.as_string(tf.zeros([2, 3], tf.int64))
+        assert list(export_outputs.PredictOutput(scores).outputs) == ["output"]
+        with pytest.raises(ValueError, match="^Prediction output key must be a string; got 1.$"):
+            export_outputs.PredictOutput({1: scores})
+        with pytest.raises(ValueError, match="^Classification classes must be a string Tensor"):
+            export_outputs.ClassificationOutput(classes=scores)
+        with pytest.raises(ValueError, match="^Cannot create a ClassificationOutput with empty"):
+            export_outputs.ClassificationOutput()
+        outputs = export_outputs.get_export_outputs({
+            "serving_default": export_outputs.ClassificationOutput(scores, classes),
+            "regress": export_outputs.RegressionOutput(tf.zeros([2])),
+            "predict": export_outputs.PredictOutput({"s": scores})}, None)
+        on_strings = export_outputs.build_all_signature_defs({"examples": examples}, outputs)
+        on_floats = export_outputs.build_all_signature_defs({"x": floats}, outputs)
+    assert {k: (s.method_name, sorted(s.inputs), sorted(s.outputs))
+            for k, s in on_strings.items()} == {
+        "serving_default": ("tensorflow/serving/classify", ["inputs"], ["classes", "scores"]),
+        "regress": ("tensorflow/serving/regress", ["inputs"], ["outputs"]),
+        "predict": ("tensorflow/serving/predict", ["examples"], ["s"])}
+    assert sorted(on_floats) == ["predict"]
+
+
+def test_a_single_export_output_is_also_serving_default():
+    with tf.Graph().as_default():
+        outputs = export_outputs.get_export_outputs(
+            {"classify": export_outputs.PredictOutput(tf.zeros([2]))}, None)
+    assert sorted(outputs) == ["classify", "serving_default"]
+    assert outputs["classify"] is outputs["serving_default"]
+
+
+def test_serving_input_receivers():
+    from lowlevel.outputs import serving
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None, 4], name="pixels")
+        receiver = serving.ServingInputReceiver(x, x)
+        assert list(receiver.features) == ["feature"] and list(receiver.receiver_tensors) == \
+            ["input"]
+        assert serving.TensorServingInputReceiver(x, {"x": x}).features is x
+        with pytest.raises(ValueError, match="^features must be defined.$"):
+            serving.TensorServingInputReceiver(None, x)
+        with pytest.raises(ValueError, match="^receiver_tensor keys must be strings: 1.$"):
+            serving.ServingInputReceiver({"a": x}, {1: x})
+        with pytest.raises(ValueError, match="^feature a must be a Tensor, SparseTensor, or "
+                                             "RaggedTensor.$"):
+            serving.ServingInputReceiver({"a": 3}, x)
+        raw = serving.build_raw_serving_input_receiver_fn({"x": x}, default_batch_size=5)()
+        assert raw.receiver_tensors["x"].shape.as_list() == [5, 4]
+        assert raw.receiver_tensors["x"].op.name.startswith("pixels")
+        parsed = serving.build_parsing_serving_input_receiver_fn(
+            {"f": tf.io.FixedLenFeature([2], tf.float32)})()
+        assert list(parsed.receiver_tensors) == ["examples"]
+        assert parsed.receiver_tensors["examples"].op.name == "input_example_tensor"
+        assert parsed.features["f"].shape.as_list() == [None, 2]
