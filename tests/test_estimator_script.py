@@ -59,7 +59,22 @@ def test_digits_script_runs_unmodified_as_under_2_15(tmp_path):
             for p in out["export_results"]] == \
         [p.rsplit("/", 1)[0] for p in theirs["export_results"]]
     assert _layout(model_dir) == fixture("model_dir_layout.json")["digits_estimator.py"]["files"]
-    assert "Loss for final step" in output and "Traceback" not in output
+    assert "Traceback" not in output
+    theirs_log = _steady_log(
+        "\n".join(fixture("train_and_evaluate.json")["default_run"]["log_sequence"]))
+    assert _steady_log(output.replace(model_dir, "<model_dir>")) == theirs_log
+    assert len(theirs_log) == 12 and theirs_log[-1].endswith("Loss for final step: 0.29681146.")
+
+
+STEADY = re.compile(r"INFO:tensorflow:(Running training and evaluation locally|Start train and "
+                    r"evaluate loop|Saving checkpoints for|loss = |Saving dict for global step "
+                    r"300|Performing the final export|Loss for final step)")
+
+
+def _steady_log(text):
+    """The log lines of train_and_evaluate that do not depend on timing (throttle, rates)."""
+    return [re.sub(r" \(\d+\.\d+ sec\)$", "", line) for line in text.splitlines()
+            if STEADY.match(line)]
 
 
 def _has_tf_keras():
