@@ -189,3 +189,15 @@ def test_evaluate_and_predict_after_training(digits, digits_run):
     assert len(batches) == 10 and list(batches[0]) == ["classes"]
     with pytest.raises(ValueError, match="Expected to run at least one output from"):
         next(estimator.predict(digits["predict_input_fn"], predict_keys=["nope"]))
+
+
+def test_rerun_on_a_finished_model_dir_skips_training_as_2_15(digits, digits_run, caplog):
+    model_dir, _ = digits_run
+    theirs = fixture("train_and_evaluate.json")["rerun_on_finished_model_dir"]
+    before = sorted(os.listdir(model_dir))
+    with caplog.at_level("INFO", logger="tensorflow"):
+        out = digits["main"]([f"--model_dir={model_dir}", f"--max_steps={STEPS}"])
+    assert (out["metrics"], out["export_results"], out["return_is_none"]) == \
+        (theirs["result"]["metrics"], theirs["result"]["export_results"], False)
+    assert theirs["log_sequence"][0].split(":", 2)[2] in caplog.text
+    assert sorted(os.listdir(model_dir)) == before
