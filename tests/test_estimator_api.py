@@ -7,6 +7,7 @@ export outputs and their SignatureDefs, input_fn result parsing.
 
 import functools
 import json
+import os
 
 import numpy as np
 import pytest
@@ -426,3 +427,21 @@ def test_serving_input_receivers():
         assert list(parsed.receiver_tensors) == ["examples"]
         assert parsed.receiver_tensors["examples"].op.name == "input_example_tensor"
         assert parsed.features["f"].shape.as_list() == [None, 2]
+
+
+def test_estimator_fills_session_config_and_a_temporary_model_dir(monkeypatch):
+    import tempfile
+
+    from lowlevel.estimator import Estimator
+    expected = RUN_CONFIG["estimator_config"]
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    estimator = Estimator(lambda features, labels, mode: None)
+    assert str(estimator.config.session_config) == expected["session_config"]
+    assert estimator.config is not estimator.config and expected["config_is_copy"]
+    assert estimator.model_dir.startswith(tempfile.gettempdir()) == \
+        expected["model_dir_is_temp"] is True
+    os.rmdir(estimator.model_dir)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": RUN_CONFIG["cluster_used"],
+                                                "task": {"type": "worker", "index": 1}}))
+    worker = Estimator(lambda features, labels, mode: None, model_dir="/tmp/unused-w24")
+    assert str(worker.config.session_config) == expected["worker1_session_config"]
