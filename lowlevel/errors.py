@@ -49,6 +49,15 @@ class UsageError(ValueError):
     """
 
 
+class LegacyKerasMissing(UsageError):
+    """A script run by `python -m lowlevel.estimator` used `tf.compat.v1.layers` without tf-keras.
+
+    Keras 3 (TensorFlow 2.21's default) has no TF1 layers; the message is the one
+    line naming the extra that brings Keras 2 (`pip install 'lowlevel[legacy-keras]'`).
+    Exit status 2 (`USAGE`).
+    """
+
+
 class RuntimeFailure(RuntimeError):
     """Something outside the configuration failed (a task never came up, no checkpoint came).
 

@@ -1,0 +1,56 @@
+"""`python -m lowlevel.estimator SCRIPT.py [ARGS...]`: runs a TF <= 2.15 Estimator script unmodified.
+
+Sets up the Keras environment (importing lowlevel.estimator does, before
+TensorFlow) and the import aliases (`lowlevel.estimator.alias`),
+then runs SCRIPT as `__main__` with `sys.argv = [SCRIPT, ARGS...]` and its
+directory first on `sys.path` (`runpy.run_path`), as `python SCRIPT.py ARGS`
+would. The exit status is the script's (SystemExit passes through; an
+uncaught exception prints its traceback, status 1), except that a use of
+`tf.compat.v1.layers` without the legacy-keras extra prints ONE line naming
+the extra and exits 2. Also installed as the console script `lowlevel-estimator`.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+import lowlevel.estimator as estimator
+from lowlevel import errors
+from lowlevel.estimator import alias
+
+USAGE = ("usage: python -m lowlevel.estimator SCRIPT.py [ARGS...]\n\n"
+         "Runs a TensorFlow <= 2.15 tf.estimator script unmodified on TensorFlow 2.21:\n"
+         "tf.estimator, tf.compat.v1.estimator, tensorflow_estimator resolve to "
+         "lowlevel.estimator.\n")
+
+
+def main(argv=None) -> int:
+    """Runs the script named by argv[0] with argv[1:]; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return errors.SUCCESS if argv else errors.USAGE
+    script = argv[0]
+    if not os.path.isfile(script):
+        sys.stderr.write(f"lowlevel.estimator: no such script: {script}\n")
+        return errors.USAGE
+    alias.install(estimator)
+    sys.argv = [script] + argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except errors.LegacyKerasMissing as e:
+        sys.stderr.write(f"lowlevel.estimator: {e}\n")
+        return errors.USAGE
+    return errors.SUCCESS
+
+
+def run():
+    """Console-script entry point (`lowlevel-estimator`)."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
