@@ -62,7 +62,7 @@ class TrainGraph:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Mode:
+class Mode:
     """How a task trains: derived from the config and the cluster."""
 
     num_workers: int
@@ -71,7 +71,7 @@ class _Mode:
     local: bool  # communication-reduced
 
     @classmethod
-    def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "_Mode":
+    def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "Mode":
         # A sparseCluster (dynamic workers) does not say how many: async, one replica here.
         num_workers = (cluster.num_workers or 1) if cluster else 1
         return cls(num_workers, config.replicas_to_aggregate or num_workers,
@@ -80,7 +80,7 @@ class _Mode:
 
 
 @dataclasses.dataclass
-class _Step:
+class Step:
     """The training ops one mode builds."""
 
     loss: tf.Tensor
@@ -101,7 +101,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         hooks (final evaluation, shutdown handshake) then do nothing.
     """
     preempted = preempted or threading.Event()
-    mode = _Mode.of(config, cluster)
+    mode = Mode.of(config, cluster)
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(config.seed)
@@ -133,10 +133,9 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(
                     evaluation.build(data, data.test, model_fn), skip=preempted)
-            channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
-        scaffold, saved, optimizer_names = _scaffold(config, graph, step.local_ops,
+        scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
                                                      iter_init, feed)
         examples_per_step = config.batch_size * (mode.replicas if mode.sync else 1)
         steps = hooks.LoopState()
@@ -144,22 +143,29 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                       config.train_steps, config.log_every_secs, steps,
                                       config.output_dir if task.is_chief else None,
                                       config.warmup_steps, config.batch_size)
-        run_hooks = _hooks(config, mode, cluster, task, step, global_step, scaffold, steps,
-                           progress, final_eval, channel, preempted)
+        run_hooks = session_hooks(config, mode, cluster, task, step, global_step, scaffold,
+                                  steps, progress, final_eval, preempted)
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
                       run_hooks, progress, final_eval, examples_per_step, steps, saved,
                       optimizer_names)
 
 
-def _scaffold(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed):
+def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed,
+                 model_scaffold=None):
     """(scaffold, saved, optimizer names): local init and a saver of the portable names.
 
     Every mode saves the same names (`checkpoints.saved_names`), so a
     checkpoint resumes in any mode; the communication-reduced mode's local
     optimizer state is saved through its twins on the ps and loaded from them
     at local init (`lowlevel.modes.optimizer_state`).
+
+    `iter_init`: the input's initializer, or None; `model_scaffold`: a model_fn's
+    own `Scaffold`, whose init_op, init_fn, ready ops and local init op are kept
+    (its saver is replaced by the portable one).
     """
-    local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(), iter_init)
+    local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(),
+                          *([iter_init] if iter_init is not None else []),
+                          *_own(model_scaffold, "local_init_op"))
     state = local_ops.state if local_ops else None
     if state:  # the optimizer's local state starts from its twins on the ps
         with tf.control_dependencies([local_init]):
@@ -167,12 +173,27 @@ def _scaffold(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed):
     saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
                                     state.names if state else None)
     scaffold = v1.train.Scaffold(
-        local_init_op=local_init, local_init_feed_dict=feed,
+        **_kept(model_scaffold), local_init_op=local_init, local_init_feed_dict=feed,
         saver=checkpoints.StateSaver(saved, state.save_state if state else None, sharded=True,
                                      max_to_keep=config.keep_checkpoint_max,
                                      save_relative_paths=True))
     model_names = checkpoints.saved_names(v1.trainable_variables())
     return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
+
+
+def _own(scaffold, name: str) -> list:
+    """[the model scaffold's `name`] if it set one, else []."""
+    value = getattr(scaffold, name, None) if scaffold is not None else None
+    return [value] if value is not None else []
+
+
+def _kept(scaffold) -> dict:
+    """The parts of a model_fn's `Scaffold` the runtime's keeps (all but saver and local init)."""
+    if scaffold is None:
+        return {}
+    names = ("init_op", "init_feed_dict", "init_fn", "ready_op", "ready_for_local_init_op",
+             "summary_op")
+    return {n: getattr(scaffold, n) for n in names if getattr(scaffold, n, None) is not None}
 
 
 def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, task: Task,
@@ -196,16 +217,16 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
     return device, partitioner
 
 
-def _in_process_step(config, model_fn, images, labels, opt, global_step) -> _Step:
+def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step:
     """One process, no servers: the plain gradients, counted up to the last step."""
     loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
     grads = [(g, v) for g, v in opt.compute_gradients(loss) if g is not None]
-    return _Step(loss, accuracy,
+    return Step(loss, accuracy,
                  exact.counted_update(opt, grads, global_step, config.train_steps))
 
 
-def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
-                worker_device: str, probe_inputs) -> _Step:
+def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
+                worker_device: str, probe_inputs) -> Step:
     """The exact mode: small variables travel together (`lowlevel.modes.exact`), dense layers'
     products run where they move fewest bytes (`lowlevel.modes.ps_products`); async or sync."""
     graph = v1.get_default_graph()
@@ -224,7 +245,7 @@ def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
     loss, accuracy = models.loss_and_accuracy(logits, labels)
     grads = small.gradients(loss, v1.trainable_variables())
     if not mode.sync:
-        return _Step(loss, accuracy,
+        return Step(loss, accuracy,
                      exact.counted_update(opt, grads, global_step, config.train_steps))
     sync_opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=mode.replicas,
                                               total_num_replicas=mode.num_workers)
@@ -234,11 +255,11 @@ def _exact_step(config, mode: _Mode, model_fn, images, labels, opt, global_step,
     # that costs two more hops (the token's assign on the worker, then a control edge
     # back to the ps and the value out again), ~0.6 ms a step (benchmarks/NOTES.md).
     train_op = tf.identity(sync_opt.apply_gradients(grads, global_step=global_step))
-    return _Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
+    return Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
 
 
-def _local_sgd_step(config, mode: _Mode, model_fn, images, labels, iterator, opt,
-                    global_step, worker_device: str) -> _Step:
+def _local_sgd_step(config, mode: Mode, model_fn, images, labels, iterator, opt,
+                    global_step, worker_device: str) -> Step:
     """The communication-reduced mode: the model computes with worker-local copies.
 
     `iterator` gives the batches of a block of local steps run at once (`local_sgd.build`).
@@ -255,13 +276,18 @@ def _local_sgd_step(config, mode: _Mode, model_fn, images, labels, iterator, opt
                           (mode.replicas, mode.num_workers) if mode.sync else None,
                           make_optimizer(config.optimizer, config.lr),
                           next_loss=lambda: loss_on(*iterator.get_next())[0])
-    return _Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
+    return Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
 
 
-def _hooks(config, mode: _Mode, cluster, task, step: _Step, global_step, scaffold, steps,
-           progress, final_eval, channel, preempted) -> list:
-    """The task's session hooks, in the order of the end-of-training protocol (`shutdown`)."""
-    training = [progress]
+def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, scaffold, steps,
+                  progress, final_eval, preempted, extra=()) -> list:
+    """The task's session hooks, in the order of the end-of-training protocol (`shutdown`).
+
+    `extra`: a model_fn's own hooks, run with the training hooks (before the
+    chief's summaries and checkpoint).
+    """
+    channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
+    training = [progress, *extra]
     if mode.local and not mode.sync and cluster and cluster.num_workers and config.start_wait_secs:
         others = {t.replica_index: f"{t.job_name}{t.task_index} at "
                   f"{cluster.hosts(t.job_name)[t.task_index]}"

@@ -1,0 +1,107 @@
+"""A model_fn's optimizer, taken over while the model_fn builds its train_op.
+
+An Estimator `model_fn` builds its own `train_op`, usually
+`optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())`.
+Run as it is between workers, that step is the textbook one: each worker
+reads global_step before applying its update, and an async run overshoots its
+last step by up to (workers - 1) steps. Inside `capture`, the apply of every
+`tf.compat.v1.train.Optimizer` (`apply_gradients`, which `minimize` calls) that
+is given the run's global step is handed to the runtime's `update` instead:
+the exact mode's counted update (`exact.counted_update`: the step reserves its
+number on global_step's ps first, then applies), which ends the run at exactly
+the last step. The model_fn sees the op it would have got; nothing in it
+changes.
+
+A `tf.compat.v1.train.SyncReplicasOptimizer` the model_fn wraps its optimizer
+in keeps its own apply (its inner optimizer's apply, made by the chief's sync
+op, is left alone); its `make_session_run_hook` returns the runtime's hook
+(`sync_hook`), whose chief loop stops at the last step instead of hanging in the
+ps's accumulators (tensorflow/tensorflow#7970).
+
+The patch is on the classes, for the duration of the `with` block, in the
+building thread (graph building is single-threaded). Optimizers that are not
+`tf.compat.v1.train.Optimizer`s (Keras' `tf.keras.optimizers`) are not taken
+over: their step is run as the model_fn built it (`Captured.step` stays None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+
+@dataclasses.dataclass
+class Captured:
+    """What the model_fn's optimizer did inside `capture`.
+
+    Attributes:
+      step: int64 scalar, the global step after this step's update, when the
+        runtime's `update` made the step (None: the model's own step ran).
+      sync_optimizer: the `SyncReplicasOptimizer` the model_fn applied, or None.
+      loss: the loss its optimizer differentiated (`compute_gradients`), or None.
+      applies: how many applies were taken over.
+    """
+
+    step: Optional[object] = None
+    sync_optimizer: Optional[object] = None
+    loss: Optional[object] = None
+    applies: int = 0
+
+
+_inside_sync = threading.local()  # set while SyncReplicasOptimizer.apply_gradients runs
+
+
+@contextlib.contextmanager
+def capture(global_step, update: Callable, sync_hook: Callable):
+    """Within the block, the model_fn's optimizer applies through `update`; yields `Captured`.
+
+    Args:
+      global_step: the run's global step variable (int64, on a ps).
+      update: `update(optimizer, grads_and_vars) -> int64 scalar` (the global step
+        after this step's update); it applies with `optimizer.apply_gradients(...,
+        global_step=None)`, which is the optimizer's own.
+      sync_hook: `sync_hook(sync_optimizer, is_chief, num_tokens) -> SessionRunHook`,
+        what `SyncReplicasOptimizer.make_session_run_hook` returns instead of its own.
+    """
+    captured = Captured()
+    base, sync = v1.train.Optimizer, v1.train.SyncReplicasOptimizer
+    own_apply, own_compute = base.apply_gradients, base.compute_gradients
+    own_sync_apply, own_sync_hook = sync.apply_gradients, sync.make_session_run_hook
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        if global_step is not global_step_var or getattr(_inside_sync, "on", False):
+            return own_apply(self, grads_and_vars, global_step, name)
+        captured.applies += 1
+        captured.step = update(self, list(grads_and_vars))
+        return captured.step
+
+    def compute_gradients(self, loss, *args, **kwargs):
+        captured.loss = loss
+        return own_compute(self, loss, *args, **kwargs)
+
+    def sync_apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        captured.sync_optimizer = self
+        _inside_sync.on = True
+        try:
+            return own_sync_apply(self, grads_and_vars, global_step, name)
+        finally:
+            _inside_sync.on = False
+
+    def make_session_run_hook(self, is_chief, num_tokens=-1):
+        return sync_hook(self, is_chief, num_tokens)
+
+    global_step_var = global_step
+    base.apply_gradients, base.compute_gradients = apply_gradients, compute_gradients
+    sync.apply_gradients, sync.make_session_run_hook = sync_apply_gradients, \
+        make_session_run_hook
+    try:
+        yield captured
+    finally:
+        base.apply_gradients, base.compute_gradients = own_apply, own_compute
+        sync.apply_gradients, sync.make_session_run_hook = own_sync_apply, own_sync_hook

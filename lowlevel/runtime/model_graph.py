@@ -1,0 +1,244 @@
+"""The training graph of one worker for a model given as an Estimator `model_fn`.
+
+Between-graph replication as for the built-in models (`graph`): the worker
+builds the whole graph with its variables on the ps tasks, byte-balanced
+(`placement`, measured by building the model once in a scratch graph), calls
+the training `input_fn` and the `model_fn` in TRAIN mode, and runs the step the
+model_fn built, with three changes that leave the model_fn as it is
+(`modes.optimizer_capture`):
+
+- async, its optimizer's apply with the global step becomes the counted update
+  (`exact.counted_update`): the run ends at exactly the last step;
+- `--sync` wraps that optimizer in a `SyncReplicasOptimizer`; a model_fn that
+  wraps it itself gets the runtime's sync hook from `make_session_run_hook`, which
+  does not hang at the last step;
+- the model's hooks run beside the runtime's (progress, summaries, checkpoints,
+  the end-of-training protocol of `shutdown`), every step through the monitored
+  session when one of them acts per step.
+
+A step the runtime could not take over (an optimizer that is not a
+`tf.compat.v1.train.Optimizer`, a train_op that moves global_step by itself) runs
+as the model_fn built it, followed by a read of global_step; an async run may
+then overshoot the last step by up to (workers - 1) steps, and says so.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel.cluster import probes
+from lowlevel.cluster.spec import PS, Cluster, Task
+from lowlevel.config import TrainConfig
+from lowlevel.models import input_fns
+from lowlevel.models import spec as spec_lib
+from lowlevel.models import warm_start as warm_start_lib
+from lowlevel.models.model_fn_model import ModelFnModel
+from lowlevel.modes import exact, optimizer_capture
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.runtime import hooks, placement
+from lowlevel.runtime import progress as progress_lib
+
+v1 = tf.compat.v1
+TRAIN = spec_lib.ModeKeys.TRAIN
+
+
+def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], task: Task,
+          worker_gpu: int = 0, preempted: Optional[threading.Event] = None
+          ) -> graph_lib.TrainGraph:
+    """Builds worker `task`'s training graph of `model` (the in-process one with `cluster=None`).
+
+    `config` gives the run's settings (train_steps, sync, checkpoints, timeouts);
+    `model` the model_fn, its params and run config, and the training input_fn.
+
+    Raises:
+      Whatever the input_fn and model_fn raise, with tensorflow_estimator 2.15's
+      messages for a wrong result (`lowlevel.models.spec`, `input_fns`).
+    """
+    preempted = preempted or threading.Event()
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(_seed(config, model))
+        device = _device(config, model, cluster, task, worker_gpu) if cluster else None
+        with v1.device(device):
+            global_step = v1.train.get_or_create_global_step()
+            features, labels, input_hooks = _train_input(model)
+            sync = bool(config.sync and cluster)
+            num_workers = (cluster.num_workers or 1) if cluster else 1
+            replicas = config.replicas_to_aggregate or num_workers
+            made = _StepMaker(config, cluster, task, global_step, sync, replicas, num_workers)
+            with optimizer_capture.capture(global_step, made.update, made.sync_hook) as cap:
+                spec = spec_lib.call_model_fn(model.model_fn, features, labels, TRAIN,
+                                              model.params, model.run_config)
+            if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
+                warm_start_lib.warm_start(model.warm_start)
+            step = _step_value(spec, cap, global_step, config.train_steps, cluster)
+        return _assemble(config, cluster, task, graph, spec, step, global_step, made,
+                         cap, input_hooks, _batch_size(labels, features), preempted)
+
+
+def _seed(config: TrainConfig, model: ModelFnModel) -> int:
+    seed = getattr(model.run_config, "tf_random_seed", None)
+    return config.seed if seed is None else seed
+
+
+def _train_input(model: ModelFnModel):
+    """(features, labels, input hooks) of the training input_fn, in the current graph."""
+    result = input_fns.call_input_fn(model.input_fn, TRAIN, model.params, model.run_config)
+    return input_fns.features_and_labels(result)
+
+
+def _device(config: TrainConfig, model: ModelFnModel, cluster: Cluster, task: Task,
+            worker_gpu: int):
+    """The device function: variables on the ps tasks by bytes (the model measured in a
+    scratch graph, with its input), compute on the worker (`placement.device_setter`)."""
+    def probe():
+        v1.train.get_or_create_global_step()
+        features, labels, _ = _train_input(model)
+        spec_lib.call_model_fn(model.model_fn, features, labels, TRAIN, model.params,
+                               model.run_config)
+
+    sizes, tables = placement.measure(probe)
+    return placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
+                                   task.job_name, tables)
+
+
+class _StepMaker:
+    """What the captured optimizer's apply becomes, and the sync hook (`optimizer_capture`)."""
+
+    def __init__(self, config: TrainConfig, cluster, task, global_step, sync: bool,
+                 replicas: int, num_workers: int):
+        self._config, self._cluster, self._task = config, cluster, task
+        self._global_step = global_step
+        self._sync, self._replicas, self._num_workers = sync, replicas, num_workers
+        self.sync_hooks: list = []
+        self.runtime_sync = None  # the SyncReplicasOptimizer `--sync` wrapped around the model's
+
+    def update(self, opt, grads_and_vars):
+        """The mode's update of `grads_and_vars`: int64, the global step after it."""
+        if not self._sync:
+            return exact.counted_update(opt, grads_and_vars, self._global_step,
+                                        self._config.train_steps)
+        self.runtime_sync = v1.train.SyncReplicasOptimizer(
+            opt, replicas_to_aggregate=self._replicas, total_num_replicas=self._num_workers)
+        return tf.identity(self.runtime_sync.apply_gradients(
+            grads_and_vars, global_step=self._global_step))
+
+    def sync_hook(self, sync_opt, is_chief: bool, num_tokens: int = -1):
+        """The runtime's `hooks.SyncReplicasHook` for `sync_opt` (stops at the last step)."""
+        hook = hooks.SyncReplicasHook(
+            sync_opt, is_chief, self._global_step, self._config.train_steps,
+            self._config.sync_timeout_secs, self._silent_peers, num_tokens=num_tokens)
+        self.sync_hooks.append(hook)
+        return hook
+
+    def _silent_peers(self) -> list:
+        if self._cluster is None:
+            return []
+        waited_on = ([self._cluster.task(PS, k) for k in range(self._cluster.num_ps)] +
+                     [t for t in self._cluster.training_tasks() if not t.is_chief])
+        return probes.silent_tasks(self._cluster, waited_on)
+
+
+def _step_value(spec, cap, global_step, last_step: int, cluster):
+    """int64 scalar: the global step after a run of the model's step.
+
+    The captured step's own value when the runtime made it; after a
+    `SyncReplicasOptimizer`'s apply, the token it took (the global step after the
+    chief's update); else a read of global_step after the model's train_op.
+    """
+    train_op = spec.train_op
+    if cap.step is not None and _depends_on(train_op, cap.step):
+        return _after(train_op, cap.step)
+    if cap.sync_optimizer is not None and isinstance(train_op, tf.Tensor) and \
+            train_op.dtype.base_dtype == tf.int64:
+        return tf.identity(train_op)
+    if cluster is not None and cluster.num_workers != 1:
+        logging.warning(
+            "the model_fn's train_op does not apply a tf.compat.v1.train.Optimizer with the "
+            "global step: its steps are run as built, and an async run may end up to "
+            "(workers - 1) steps past --train_steps=%d", last_step)
+    with tf.control_dependencies([train_op]):
+        return global_step.read_value()
+
+
+def _depends_on(train_op, tensor) -> bool:
+    """Whether running `train_op` runs `tensor`'s op (`tensor` is among its inputs' ancestry)."""
+    target, seen = tensor.op, set()
+    stack = [train_op.op if isinstance(train_op, tf.Tensor) else train_op]
+    while stack:
+        op = stack.pop()
+        if op is target:
+            return True
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return False
+
+
+def _after(train_op, step):
+    """`step`, fetched after the rest of `train_op` (the user's grouped ops) has run."""
+    if isinstance(train_op, tf.Tensor) and train_op is step:
+        return step
+    with tf.control_dependencies([train_op]):
+        return tf.identity(step)
+
+
+def _batch_size(labels, features) -> int:
+    """The examples a step takes, from the input's static leading dimension; 0 if unknown."""
+    for tensor in tf.nest.flatten(labels) + tf.nest.flatten(features):
+        shape = getattr(tensor, "shape", None)
+        if shape is not None and shape.rank and shape[0] is not None:
+            return int(shape[0])
+    return 0
+
+
+def _every_step(hook):
+    """A model's hook that acts per step, given a `due()` that is always True: the loop then
+    runs every step through the monitored session, as the model expects (`loop.StepRunner`)."""
+    base = v1.train.SessionRunHook
+    acts = (type(hook).before_run is not base.before_run or
+            type(hook).after_run is not base.after_run)
+    if acts and not hasattr(hook, "due"):
+        hook.due = lambda: True
+    return hook
+
+
+def _assemble(config, cluster, task, graph, spec, step, global_step, made, cap,
+              input_hooks, batch_size, preempted) -> graph_lib.TrainGraph:
+    """The `TrainGraph`: scaffold, the model's hooks beside the runtime's, progress."""
+    sync = made.runtime_sync or cap.sync_optimizer
+    replicas = sync.replicas_to_aggregate if sync is not None else 1
+    # The runtime's sync hook is added by `session_hooks` for its own --sync; a model's
+    # own SyncReplicasOptimizer gets it from make_session_run_hook (`made.sync_hooks`).
+    mode = graph_lib.Mode(num_workers=(cluster.num_workers or 1) if cluster else 1,
+                          replicas=replicas, sync=made.runtime_sync is not None, local=False)
+    scaffold, saved, optimizer_names = graph_lib.scaffold_for(
+        config, graph, None, _local_init(spec.scaffold), None, spec.scaffold)
+    examples_per_step = batch_size * (replicas if sync is not None else 1)
+    steps = hooks.LoopState()
+    progress = progress_lib.ProgressHook(global_step, spec.loss, examples_per_step,
+                                         config.train_steps, config.log_every_secs, steps,
+                                         config.output_dir if task.is_chief else None,
+                                         config.warmup_steps, batch_size)
+    model_hooks = list(input_hooks) + list(spec.training_hooks)
+    if task.is_chief:
+        model_hooks += list(spec.training_chief_hooks)
+    model_hooks = [_every_step(h) for h in model_hooks if h not in made.sync_hooks]
+    step_ops = graph_lib.Step(spec.loss, None, step, sync_optimizer=made.runtime_sync)
+    run_hooks = graph_lib.session_hooks(config, mode, cluster, task, step_ops, global_step,
+                                        scaffold, steps, progress, None, preempted,
+                                        extra=made.sync_hooks + model_hooks)
+    return graph_lib.TrainGraph(graph, step, None, spec.loss, global_step, scaffold, run_hooks,
+                                progress, None, examples_per_step, steps, saved,
+                                optimizer_names)
+
+
+def _local_init(scaffold):
+    """The model's own local init op (its scaffold's), or None for the default."""
+    return getattr(scaffold, "local_init_op", None) if scaffold is not None else None
