@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from estimator_support import fixture
 from lowlevel.estimator import inputs
-from lowlevel.estimator.run_config import RunConfig
+from lowlevel.models.run_config import RunConfig
 from lowlevel.models import export_outputs, input_fns
 from lowlevel.models.spec import EstimatorSpec, ModeKeys, call_model_fn, fn_args, \
     verify_model_fn_args

@@ -21,7 +21,7 @@ import tempfile
 
 import tensorflow as tf
 
-from lowlevel.estimator import run_config as run_config_lib
+from lowlevel.models import run_config as run_config_lib
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel

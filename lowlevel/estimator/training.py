@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from lowlevel.estimator import estimator as estimator_lib
 from lowlevel.estimator import exporters as exporter_lib
-from lowlevel.estimator import run_config as run_config_lib
+from lowlevel.models import run_config as run_config_lib
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
