@@ -155,6 +155,7 @@ def main(argv, preemption) -> int:
     if cluster and not evaluating:
         session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
                                                    config.inter_op_threads)
+    _log_cpus(task, session_config)
     if schedule == config_lib.RUN_STD_SERVER:
         server = server_lib.start(cluster, task, session_config)
         return shutdown.run_std_server(server, task, session_config)
@@ -201,6 +202,14 @@ def main(argv, preemption) -> int:
         logging.info("final metrics: %s", line)
         print(line, flush=True)
     return 0
+
+
+def _log_cpus(task, session_config) -> None:
+    """Logs the CPUs this task sizes its thread pools from (`lowlevel.resources`)."""
+    from lowlevel import resources
+    pools = (f": intra-op {session_config.intra_op_parallelism_threads}, inter-op "
+             f"{session_config.inter_op_parallelism_threads} threads" if session_config else "")
+    logging.info("%s: %s%s", task.name, resources.figure().describe(), pools)
 
 
 def _open_events(output_dir: Optional[str], task_name: str) -> None:
