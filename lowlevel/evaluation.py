@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import checkpoints, export, files, models
+from lowlevel import checkpoints, export, files, metrics, models
 from lowlevel import data as data_lib
 from lowlevel.config import TrainConfig
 from lowlevel.exit_codes import TransientFailure
@@ -191,6 +191,7 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
                 writer.flush()
                 records = [r for r in records if r["global_step"] != step] + [record]
                 _write_records(records_path, records)
+                metrics.evaluated(record)
                 logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
                              split_name, record["accuracy"], record["loss"],
                              f" | auc {record['auc']:.4f}" if record.get("auc") else "")

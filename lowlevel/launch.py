@@ -39,7 +39,7 @@ import time
 import portpicker
 from absl import app, flags
 
-from lowlevel import forking, isolation
+from lowlevel import forking, isolation, restarts
 from lowlevel import trainer  # defines the trainer flags passed on
 from lowlevel.config import UsageError, exit_status_main, flags_parser
 from lowlevel.supervisor import Progress, Supervisor, supervise
@@ -50,11 +50,10 @@ flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the 
 flags.DEFINE_boolean("evaluator", False, "Add an evaluator task: it evaluates each new "
                      "checkpoint on the test split (<output_dir>/eval/) and exits after the "
                      "final one.")
-flags.DEFINE_integer("max_restarts", 0, "Restart a task that ends with a retryable status "
-                     "(killed or stopped by a signal, or 200: a transient failure), with the "
-                     "same flags, up to this many times per task (as Kubernetes' "
-                     "restartPolicy: ExitCode would); 0: any task that fails fails the run. "
-                     "Statuses 1-127 (permanent failure, usage error) are never restarted.")
+# --max_restarts is the trainer's (lowlevel.config), passed on to every task: the
+# launcher restarts a task that ends with a retryable status (killed or stopped by
+# a signal, or 200) up to that many times (default 0: any task that fails fails the
+# run); statuses 1-127 are never restarted.
 flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own network. "
                      "By default they run in a private network namespace with only loopback "
                      "(root, or a user namespace where the OS allows it), so no other host, "
@@ -99,8 +98,7 @@ def main(argv) -> int:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
-    if FLAGS.max_restarts < 0:
-        raise UsageError(f"--max_restarts={FLAGS.max_restarts}: expected 0 or more")
+    max_restarts = FLAGS.max_restarts or 0
     if os.environ.get("TF_CONFIG"):
         raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
@@ -127,7 +125,9 @@ def main(argv) -> int:
     started = time.monotonic()
     if FLAGS.fork:
         forking.preload(verbose=FLAGS.verbosity >= 1)
-    sup = Supervisor(commands, max_restarts=FLAGS.max_restarts, fork=FLAGS.fork)
+    # One run for the tasks' restart budgets (lowlevel.restarts), whatever --output_dir holds.
+    os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
+    sup = Supervisor(commands, max_restarts=max_restarts, fork=FLAGS.fork)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)

@@ -141,6 +141,7 @@ def main(argv, preemption) -> int:
     if (task.is_chief or evaluating) and config.output_dir:
         ensure_writable(config.output_dir)
     _open_events(config.output_dir, task.name)
+    _start_production(config, task)
 
     from lowlevel._tf import import_tensorflow
     tf = import_tensorflow(verbose=FLAGS.verbosity >= 1)
@@ -158,8 +159,10 @@ def main(argv, preemption) -> int:
     _log_cpus(task, session_config)
     if schedule == config_lib.RUN_STD_SERVER:
         server = server_lib.start(cluster, task, session_config)
+        _serving(cluster, task)
         return shutdown.run_std_server(server, task, session_config)
     if evaluating:
+        _serving(None, task)
         data = data_lib.load_for(config)
         from lowlevel import evaluation
         record = evaluation.continuous_eval(
@@ -170,6 +173,7 @@ def main(argv, preemption) -> int:
         return 0
     if cluster:
         server = server_lib.start(cluster, task, session_config)
+    _serving(cluster, task)
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)
         data = data_lib.load_for(config)
@@ -210,6 +214,31 @@ def _log_cpus(task, session_config) -> None:
     pools = (f": intra-op {session_config.intra_op_parallelism_threads}, inter-op "
              f"{session_config.inter_op_parallelism_threads} threads" if session_config else "")
     logging.info("%s: %s%s", task.name, resources.figure().describe(), pools)
+    from lowlevel import metrics
+    metrics.report_cpus(resources.figure(), session_config)
+
+
+def _start_production(config: TrainConfig, task) -> None:
+    """Before TensorFlow's import: the metrics and health server (--metrics_port), so that
+    a probe sees a task that is starting; this start counted against --max_restarts.
+
+    Raises:
+      UsageError: the metrics port is in use.
+      restarts.RestartsSpent: no restart is left (exit 1).
+    """
+    from lowlevel import metrics, restarts
+    if config.metrics_port:
+        metrics.serve(config.metrics_port, task.name, task.job_name, task.task_index,
+                      config.output_dir)
+    budget = restarts.begin(config.output_dir, task.name, config.max_restarts)
+    metrics.report_restarts(budget.restarts)
+
+
+def _serving(cluster, task) -> None:
+    """This task is up (its server started, or it needs none): healthy from now on."""
+    from lowlevel import metrics
+    address = cluster.hosts(task.job_name)[task.task_index] if cluster else None
+    metrics.serving(address, cluster, task)
 
 
 def _open_events(output_dir: Optional[str], task_name: str) -> None:
@@ -258,6 +287,8 @@ def _main_or_exit(argv):
                  else "; restarting will not help")
         sys.stderr.write(f"lowlevel.trainer: error: {_error_line(e)} (exit status {code}"
                          f"{retry})\n")
+    from lowlevel import restarts
+    code = restarts.finish(code or 0)  # retryable with no restart left: 1
     sys.stdout.flush()
     sys.stderr.flush()
     # A tf.train.Server has no working Stop(); leave without running its

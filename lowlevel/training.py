@@ -19,6 +19,7 @@ from absl import logging
 from lowlevel import data as data_lib
 from lowlevel import (checkpoints, events, export, faults, files, hooks, loop, probes,
                       sessions, storage)
+from lowlevel import metrics as metrics_lib
 from lowlevel.graph import TrainGraph, build
 from lowlevel.cluster import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
@@ -70,6 +71,9 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
     g = build(config, data, cluster, task, worker_gpu, preempted)
+    metrics_lib.watch_training(g.progress, g.steps, config.batch_size)
+    if task.is_chief and cluster:
+        metrics_lib.placement_built(g.graph, cluster, config.output_dir)
     newest = checkpoints.newest_readable(config.output_dir)
     path = checkpoints.check_compatible(config.output_dir, g.saved, newest[0] if newest else None,
                                         optional=g.optimizer_names)
