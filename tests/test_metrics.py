@@ -319,3 +319,37 @@ def test_a_real_run_scrapes_with_the_final_step_and_the_benchmarks_bytes(ports, 
         print(f"{worker}: {ours / 1e6:.1f} MB/s here, {theirs / 1e6:.1f} MB/s by ss; "
               f"{ours * (t2 - t1) / steps / 1e3:.1f} KB per global step", file=sys.stderr)
         assert theirs > 0 and abs(ours - theirs) / theirs <= 0.10, (worker, ours, theirs)
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_tasks_export(tmp_path):
+    with open(f"{clusters.ROOT}/scripts/grafana-dashboard.json") as f:
+        dashboard = json.load(f)
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-10"\n')
+    (tmp_path / metrics.PLACEMENT_FILE).write_text('{"ps_variable_bytes": {"ps0": 1}}')
+    exported = set()
+    for job, task in (("worker", "worker0"), ("ps", "ps0"), ("evaluator", "evaluator0")):
+        m = metrics.TaskMetrics(task, job, 0, str(tmp_path))
+        m.watch_training(FakeProgress(), FakeLoop(), 1)
+        m.evaluated({"global_step": 1, "accuracy": 1.0, "loss": 0.0, "auc": 0.5,
+                     "split": "test"})
+        m.threads.labels("intra_op").set(1)
+        m.network = metrics.NetworkCounters({}, None, [])
+        m.network._closed_sent = m.network._closed_received = {"ps0": 1}
+        exported |= {name for name, _ in samples(scrape(m)[1])}
+    used = set()
+    assert dashboard["panels"] and dashboard["uid"]
+    for panel in dashboard["panels"]:
+        assert panel["title"] and panel["targets"], panel
+        assert panel["datasource"]["uid"] == "${datasource}"
+        for target in panel["targets"]:
+            assert 'lowlevel_run="$run"' in target["expr"], target["expr"]
+            used |= set(re.findall(r"\b((?:lowlevel|process)_[a-z0-9_]+)\b", target["expr"]))
+    used -= {"lowlevel_run", "lowlevel_role"}  # the pods' labels, on every series
+    assert used and used <= exported, sorted(used - exported)
+    # Every figure the issue asks the dashboard's run view for is on it.
+    for name in ("lowlevel_global_step", "lowlevel_step_duration_seconds_bucket",
+                 "lowlevel_examples_total", "lowlevel_network_transmit_bytes_total",
+                 "lowlevel_network_receive_bytes_total", "lowlevel_checkpoint_age_seconds",
+                 "lowlevel_restarts_total", "lowlevel_faults_total", "lowlevel_eval_accuracy",
+                 "lowlevel_ps_variable_bytes", "process_resident_memory_bytes"):
+        assert name in used, name
