@@ -93,6 +93,17 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
     return tasks
 
 
+def metrics_ports(commands: dict[str, list[str]], first: int) -> str:
+    """Gives each task its own --metrics_port, `first` upwards (one machine: one port each);
+    returns where each one's metrics are."""
+    where = []
+    for k, (name, argv) in enumerate(commands.items()):
+        argv[:] = [a for a in argv if not a.startswith("--metrics_port=")]
+        argv.append(f"--metrics_port={first + k}")
+        where.append(f"{name} :{first + k}")
+    return "metrics (/metrics, /healthz) of " + ", ".join(where)
+
+
 def main(argv) -> int:
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
@@ -122,6 +133,8 @@ def main(argv) -> int:
     print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers"
           f"{' + evaluator' if FLAGS.evaluator else ''} {where}; "
           f"output in {output_dir}", flush=True)
+    if FLAGS.metrics_port:
+        print(f"launch: {metrics_ports(commands, FLAGS.metrics_port)}", flush=True)
     started = time.monotonic()
     if FLAGS.fork:
         forking.preload(verbose=FLAGS.verbosity >= 1)

@@ -353,3 +353,14 @@ def test_the_grafana_dashboard_queries_only_metrics_the_tasks_export(tmp_path):
                  "lowlevel_restarts_total", "lowlevel_faults_total", "lowlevel_eval_accuracy",
                  "lowlevel_ps_variable_bytes", "process_resident_memory_bytes"):
         assert name in used, name
+
+
+def test_the_launcher_gives_each_task_its_own_metrics_port():
+    from lowlevel import launch
+    commands = launch.task_commands(1, 2, "/tmp/out", ["--metrics_port=9300"], evaluator=True)
+    where = launch.metrics_ports(commands, 9300)
+    ports = {name: [a for a in argv if a.startswith("--metrics_port=")]
+             for name, argv in commands.items()}
+    assert ports == {"ps0": ["--metrics_port=9300"], "worker0": ["--metrics_port=9301"],
+                     "worker1": ["--metrics_port=9302"], "evaluator0": ["--metrics_port=9303"]}
+    assert where.endswith("ps0 :9300, worker0 :9301, worker1 :9302, evaluator0 :9303")
