@@ -54,6 +54,8 @@ flags.DEFINE_boolean("evaluator", False, "Add an evaluator task: it evaluates ea
 # launcher restarts a task that ends with a retryable status (killed or stopped by
 # a signal, or 200) up to that many times (default 0: any task that fails fails the
 # run); statuses 1-127 are never restarted.
+flags.declare_key_flag("max_restarts")  # listed by --help with the launcher's own
+flags.declare_key_flag("metrics_port")  # each task gets its own, from this one upwards
 flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own network. "
                      "By default they run in a private network namespace with only loopback "
                      "(root, or a user namespace where the OS allows it), so no other host, "
