@@ -8,7 +8,6 @@ exits 200 ends with status 1 after `--max_restarts`, and a preemption does not c
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
