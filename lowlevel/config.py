@@ -266,7 +266,8 @@ class TrainConfig:
         None, "Restarts of a task allowed in one run: a start after a failure other than a "
         "preemption (a retryable exit, a kill) counts, in <output_dir>/restarts/<task>.json; "
         "past it the task exits 1 (permanent), which ends Kubernetes' restarts (the training "
-        "operator's backoffLimit does not count them). Default: no bound. The launcher also "
+        "operator's backoffLimit does not count them). Default: no bound, nothing counted. "
+        "The launcher also "
         "restarts a task that ends with a retryable status up to this many times (there the "
         "default is 0: no restart).", minimum=0)
 

@@ -556,10 +556,10 @@ def evaluated(record: dict) -> None:
 
 
 def placement_built(graph, cluster, output_dir: Optional[str]) -> None:
-    """The chief records the bytes of variables it placed on each ps in
+    """The chief, with metrics on, records the bytes of variables it placed on each ps in
     `<output_dir>/placement.json`, for the ps tasks' `lowlevel_ps_variable_bytes`."""
-    if not output_dir or cluster is None:
-        return
+    if not output_dir or cluster is None or _current is None:
+        return  # metrics off: no file
     from lowlevel import files, placement
     held = {f"ps{k}": 0 for k in range(cluster.num_ps)}
     for op in graph.get_operations():

@@ -61,7 +61,8 @@ class Budget:
     Args:
       output_dir: the run's directory; None: nothing is counted.
       task_name: the task's name.
-      max_restarts: restarts allowed in one run; None: no bound (still counted).
+      max_restarts: restarts allowed in one run; None: no bound, and nothing is
+        counted or written.
       environ: where `LOWLEVEL_RUN_ID` is read.
     """
 
@@ -69,7 +70,8 @@ class Budget:
                  max_restarts: Optional[int], environ: Optional[Mapping[str, str]] = None):
         self.task_name = task_name
         self.max_restarts = max_restarts
-        self.path = path(output_dir, task_name) if output_dir else None
+        self.path = (path(output_dir, task_name)
+                     if output_dir and max_restarts is not None else None)
         self.run_id = (os.environ if environ is None else environ).get(RUN_ID_ENV, "")
         self.record = {"run": self.run_id, "starts": 0, "restarts": 0, "last_end": None}
 

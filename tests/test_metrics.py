@@ -9,6 +9,7 @@ step, and the bytes each worker moves to and from the ps match the benchmark's c
 import json
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -356,11 +357,17 @@ def test_the_grafana_dashboard_queries_only_metrics_the_tasks_export(tmp_path):
 
 
 def test_the_launcher_gives_each_task_its_own_metrics_port():
-    from lowlevel import launch
-    commands = launch.task_commands(1, 2, "/tmp/out", ["--metrics_port=9300"], evaluator=True)
-    where = launch.metrics_ports(commands, 9300)
-    ports = {name: [a for a in argv if a.startswith("--metrics_port=")]
-             for name, argv in commands.items()}
+    """In a process of its own: the launcher defines the trainer's flags, which other
+    tests' modules (benchmarks, tf_configs) define too."""
+    code = ("import json; from lowlevel import launch; "
+            "c = launch.task_commands(1, 2, '/tmp/out', ['--metrics_port=9300'], "
+            "evaluator=True); w = launch.metrics_ports(c, 9300); "
+            "print(json.dumps([w, {n: [a for a in v if a.startswith('--metrics_port=')] "
+            "for n, v in c.items()}]))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=clusters.ROOT, env=clusters.ENV,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    where, ports = json.loads(result.stdout.strip().splitlines()[-1])
     assert ports == {"ps0": ["--metrics_port=9300"], "worker0": ["--metrics_port=9301"],
                      "worker1": ["--metrics_port=9302"], "evaluator0": ["--metrics_port=9303"]}
     assert where.endswith("ps0 :9300, worker0 :9301, worker1 :9302, evaluator0 :9303")

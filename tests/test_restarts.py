@@ -62,17 +62,17 @@ def test_another_run_starts_afresh_and_no_output_dir_counts_nothing(tmp_path):
     b = budget(tmp_path, 5, run="second")
     b.start()
     assert b.restarts == 0
-    none = restarts.Budget(None, "ps0", 0, {})
+    none = restarts.Budget(None, "ps0", 0, {})  # no output_dir
     none.start()
     assert none.end(200) == 200
 
 
-def test_without_a_bound_restarts_are_counted_not_refused(tmp_path):
+def test_without_a_bound_nothing_is_counted_or_written(tmp_path):
     for _ in range(5):
         b = budget(tmp_path, max_restarts=None)
         b.start()
         assert b.end(200) == 200
-    assert b.restarts == 4
+    assert b.restarts == 0 and not (tmp_path / "restarts").exists()
 
 
 def _start_task(argv, log, env):
