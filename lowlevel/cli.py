@@ -154,8 +154,8 @@ def exit_status_main(prog: str, main: Callable[[list], int]) -> Callable[[list],
     return run
 
 
-def task_main(prog: str, main: Callable[[list], int],
-              hard_exit: bool = True) -> Callable[[list], None]:
+def task_main(prog: str, main: Callable[[list], int], hard_exit: bool = True,
+              on_exit: Optional[Callable[[int], int]] = None) -> Callable[[list], None]:
     """The `absl.app.run` main of a task: exits with `main(argv)`'s status, whatever happens.
 
     A `UsageError` is one line on stderr and exit 2; any other exception one line
@@ -163,7 +163,8 @@ def task_main(prog: str, main: Callable[[list], int],
     the status of the exit-status table (`errors.status_of`); a bug, or any failure
     at `--verbosity=1`, also prints its traceback. With `hard_exit` the process
     ends with `os._exit`: a `tf.train.Server` has no working Stop(), and its
-    destructors could hang the exit.
+    destructors could hang the exit. `on_exit(status)` gives the status the
+    process exits with (the restart budget's, `runtime.restarts.finish`).
     """
     def run(argv):
         try:
@@ -179,6 +180,8 @@ def task_main(prog: str, main: Callable[[list], int],
                      else "; restarting will not help")
             sys.stderr.write(f"{prog}: error: {errors.one_line(e)} (exit status {code}"
                              f"{retry})\n")
+        if on_exit is not None:
+            code = on_exit(code or 0)
         sys.stdout.flush()
         sys.stderr.flush()
         if hard_exit:

@@ -213,6 +213,19 @@ class TrainConfig:
     warmup_steps: int = _field(
         20, "Each task's first local steps, left out of the step times in "
         "<output_dir>/tasks/<task>.json.", minimum=0)
+    # Production (Kubernetes: docs/kubernetes.md).
+    metrics_port: int = _field(
+        0, "Serve Prometheus metrics on this port, all interfaces (GET /metrics; "
+        "docs/metrics.md lists them), and the task's health for Kubernetes probes (GET "
+        "/healthz: 200 while its server answers); 0: off.", minimum=0)
+    max_restarts: Optional[int] = _field(
+        None, "Restarts of a task allowed in one run: a start after a failure other than a "
+        "preemption (a retryable exit, a kill) counts, in <output_dir>/restarts/<task>.json; "
+        "past it the task exits 1 (permanent), which ends Kubernetes' restarts (the training "
+        "operator's backoffLimit does not count them). Default: no bound, nothing counted. "
+        "The launcher also "
+        "restarts a task that ends with a retryable status up to this many times (there the "
+        "default is 0: no restart).", minimum=0)
 
     @property
     def lr(self) -> float:
@@ -241,6 +254,9 @@ class TrainConfig:
             raise UsageError(
                 f"--model={self.model} --dataset={self.dataset}: the wide_deep model trains on "
                 f"{' or '.join(CTR_DATASETS)} and the image models on the others")
+        if self.metrics_port > 65535:
+            raise UsageError(f"--metrics_port={self.metrics_port}: expected a port, 1-65535 "
+                             "(0: no metrics)")
         if self.replicas_to_aggregate is not None and num_workers is not None:
             if not 1 <= self.replicas_to_aggregate <= num_workers:
                 raise UsageError(

@@ -97,6 +97,11 @@ class StorageFailure(RuntimeFailure):
     a restart would hit the same full or read-only disk."""
 
 
+class RestartsSpent(RuntimeFailure):
+    """This task has been restarted `--max_restarts` times in this run (`lowlevel.runtime.restarts`):
+    a crash loop turned into a permanent exit (1)."""
+
+
 # Retryable failures (exit status 200).
 
 class StartupError(TransientFailure):

@@ -70,6 +70,13 @@ from lowlevel import output_layout
 _lock = threading.Lock()
 _sink: Optional[dict] = None  # {"fd": int, "task": str} once `open_log` was called
 _failing = False  # the last write failed (a full or read-only disk): warned once
+_listeners: list = []  # called with (event, global_step, fields) on every emit
+
+
+def add_listener(listener) -> None:
+    """Calls `listener(event, global_step, fields)` on every `emit` from now on, events file
+    or not (`lowlevel.runtime.metrics` counts them; `lowlevel.runtime.restarts` notes a preemption)."""
+    _listeners.append(listener)
 
 
 def open_log(output_dir: Optional[str], task_name: str) -> None:
@@ -94,6 +101,11 @@ def emit(event: str, global_step: Optional[int] = None, **fields) -> None:
     another when writes work again; the records in between are lost.
     """
     global _failing
+    for listener in list(_listeners):
+        try:
+            listener(event, global_step, fields)
+        except Exception:  # noqa: BLE001 - a listener never costs the event
+            pass
     with _lock:
         if _sink is None:
             return

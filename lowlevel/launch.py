@@ -40,8 +40,9 @@ import portpicker
 from absl import app, flags
 
 from lowlevel import cli, output_layout
-from lowlevel.ops import isolation
 from lowlevel.errors import UsageError
+from lowlevel.ops import isolation
+from lowlevel.runtime import restarts
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 
 cli.define_trainer_flags()  # the flags passed on to every task
@@ -51,11 +52,12 @@ flags.DEFINE_integer("num_workers", 2, "Number of worker tasks (worker 0 is the 
 flags.DEFINE_boolean("evaluator", False, "Add an evaluator task: it evaluates each new "
                      "checkpoint on the test split (<output_dir>/eval/) and exits after the "
                      "final one.")
-flags.DEFINE_integer("max_restarts", 0, "Restart a task that ends with a retryable status "
-                     "(killed or stopped by a signal, or 200: a transient failure), with the "
-                     "same flags, up to this many times per task (as Kubernetes' "
-                     "restartPolicy: ExitCode would); 0: any task that fails fails the run. "
-                     "Statuses 1-127 (permanent failure, usage error) are never restarted.")
+# --max_restarts is the trainer's (lowlevel.config), passed on to every task: the
+# launcher restarts a task that ends with a retryable status (killed or stopped by
+# a signal, or 200) up to that many times (default 0: any task that fails fails the
+# run); statuses 1-127 are never restarted.
+flags.declare_key_flag("max_restarts")  # listed by --help with the launcher's own
+flags.declare_key_flag("metrics_port")  # each task gets its own, from this one upwards
 flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own network. "
                      "By default they run in a private network namespace with only loopback "
                      "(root, or a user namespace where the OS allows it), so no other host, "
@@ -66,6 +68,7 @@ flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once
                      "--nofork starts every task as its own python -m lowlevel.trainer.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
+
 
 def trainer_args() -> list[str]:
     """The trainer flags set on this command line, serialised to pass on."""
@@ -104,14 +107,37 @@ def preload(verbose: bool = False) -> float:
     return time.monotonic() - started
 
 
+def metrics_ports(commands: dict[str, list[str]], first: int) -> str:
+    """Gives each task its own --metrics_port, `first` upwards (one machine: one port each);
+    returns where each one's metrics are."""
+    where = []
+    for k, (name, argv) in enumerate(commands.items()):
+        argv[:] = [a for a in argv if not a.startswith("--metrics_port=")]
+        argv.append(f"--metrics_port={first + k}")
+        where.append(f"{name} :{first + k}")
+    return "metrics (/metrics, /healthz) of " + ", ".join(where)
+
+
+def _confine() -> str:
+    """Moves the launcher into a private network namespace (before any thread or port: the
+    tasks inherit it); returns where the tasks run, in words (`ops.isolation`)."""
+    how, why = isolation.confine()
+    if how is None:
+        print(f"launch: warning: no private network namespace ({why}); the tasks' "
+              "servers listen on every interface of this machine with no authentication "
+              "(--no_isolation silences this)", flush=True)
+        return "on localhost"
+    return (f"on localhost in a {how}: loopback only, unreachable from outside "
+            "(--no_isolation to opt out)")
+
+
 def main(argv) -> int:
     """Starts the cluster's tasks and supervises them; returns the launcher's exit status."""
     if len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
-    if FLAGS.max_restarts < 0:
-        raise UsageError(f"--max_restarts={FLAGS.max_restarts}: expected 0 or more")
+    max_restarts = FLAGS.max_restarts or 0
     if os.environ.get("TF_CONFIG"):
         raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
@@ -120,25 +146,20 @@ def main(argv) -> int:
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     output_layout.ensure_writable(output_dir)
-    where = "on localhost"
-    if not FLAGS.no_isolation:  # before any thread or port: the tasks inherit the namespace
-        how, why = isolation.confine()
-        if how is None:
-            print(f"launch: warning: no private network namespace ({why}); the tasks' "
-                  "servers listen on every interface of this machine with no authentication "
-                  "(--no_isolation silences this)", flush=True)
-        else:
-            where = (f"on localhost in a {how}: loopback only, unreachable from outside "
-                     "(--no_isolation to opt out)")
+    where = _confine() if not FLAGS.no_isolation else "on localhost"
     commands = task_commands(FLAGS.num_ps, FLAGS.num_workers, os.path.abspath(output_dir),
                              extra, evaluator=FLAGS.evaluator)
     print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers"
           f"{' + evaluator' if FLAGS.evaluator else ''} {where}; "
           f"output in {output_dir}", flush=True)
+    if FLAGS.metrics_port:
+        print(f"launch: {metrics_ports(commands, FLAGS.metrics_port)}", flush=True)
     started = time.monotonic()
     if FLAGS.fork:
         preload(verbose=FLAGS.verbosity >= 1)
-    sup = Supervisor(commands, max_restarts=FLAGS.max_restarts, fork=FLAGS.fork)
+    # One run for the tasks' restart budgets (lowlevel.runtime.restarts), whatever --output_dir holds.
+    os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
+    sup = Supervisor(commands, max_restarts=max_restarts, fork=FLAGS.fork)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)

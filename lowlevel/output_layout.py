@@ -11,6 +11,9 @@
       events/<task>.jsonl             each task's structured events (`lowlevel.events`)
       eval/, eval_train/              the evaluator's summaries and `eval_metrics.json`
       export/<step>/                  SavedModel exports (`outputs.export`)
+      restarts/<task>.json            each task's starts in this run (`runtime.restarts`,
+                                      with --max_restarts)
+      placement.json                  where the chief put each variable (with metrics on)
 
 The directory is shared by every task of a cluster (a shared volume on several
 hosts). The chief writes the checkpoints, summaries, final metrics and exports;
@@ -34,6 +37,8 @@ EVENTS_DIR = "events"
 EXPORT_DIR = "export"
 EVAL_DIR, EVAL_TRAIN_DIR = "eval", "eval_train"
 EVAL_RECORDS = "eval_metrics.json"
+RESTARTS_DIR = "restarts"
+PLACEMENT = "placement.json"
 
 
 def checkpoint_prefix(output_dir: str) -> str:
@@ -74,6 +79,16 @@ def eval_dir(output_dir: str, on_train_data: bool = False) -> str:
 def eval_records(output_dir: str, on_train_data: bool = False) -> str:
     """`<output_dir>/eval/eval_metrics.json`: the evaluator's record per checkpoint."""
     return os.path.join(eval_dir(output_dir, on_train_data), EVAL_RECORDS)
+
+
+def restarts_file(output_dir: str, task_name: str) -> str:
+    """`<output_dir>/restarts/<task_name>.json`: a task's starts in this run."""
+    return os.path.join(output_dir, RESTARTS_DIR, f"{task_name}.json")
+
+
+def placement_file(output_dir: str) -> str:
+    """`<output_dir>/placement.json`: the chief's variable placement (for the metrics)."""
+    return os.path.join(output_dir, PLACEMENT)
 
 
 def ensure_writable(output_dir: str) -> None:

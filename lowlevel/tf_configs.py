@@ -22,20 +22,24 @@ For Kubernetes the addresses are derived, not given (`lowlevel/ops/k8s.py`):
         --num_ps=2 --num_workers=2 --chief_job --evaluator --output_dir=/output \
         --pvc=mnist-output -- --train_steps=20000 | kubectl apply -f -
 
-prints a `TFJob` and a NetworkPolicy; `--format=k8s` a headless Service, one
-Job per task and the NetworkPolicy, for clusters without the training operator.
+prints a `TFJob` and a NetworkPolicy (and with `--pod_monitor` a PodMonitor);
+`--format=k8s` a headless Service, one Job per task and the NetworkPolicy, for
+clusters without the training operator (docs/kubernetes.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import secrets
 import shlex
 import sys
 
 from absl import app, flags
 
 from lowlevel.ops import k8s
+from lowlevel.ops import resources as resources_lib
 from lowlevel.cluster.spec import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
 from lowlevel import cli
 from lowlevel.config import check_schedule
@@ -72,17 +76,47 @@ _kubernetes_flag(flags.DEFINE_string, "name", None, "the run's name (a DNS label
                  "letters, digits, '-'); pods are NAME-ROLE-I.")
 _kubernetes_flag(flags.DEFINE_string, "namespace", "default", "the Kubernetes namespace.")
 _kubernetes_flag(flags.DEFINE_string, "image", None, "the container image "
-                 "(scripts/Dockerfile).")
+                 "(scripts/build_image: its CPU variant).")
+_kubernetes_flag(flags.DEFINE_string, "gpu_image", None, "the image of the chief and workers "
+                 "when --worker_gpus > 0 (scripts/build_image gpu: TensorFlow with its CUDA "
+                 "libraries); default: --image with -gpu after its tag (lowlevel:0.1.0 -> "
+                 "lowlevel:0.1.0-gpu).")
 _kubernetes_flag(flags.DEFINE_string, "pvc", None, "the PersistentVolumeClaim (ReadWriteMany) "
                  "mounted at --output_dir in every pod.")
-_kubernetes_flag(flags.DEFINE_string, "cpu", None, "CPU requests, one value for every role (2) "
-                 "or per role (ps=1,worker=4,chief=4,evaluator=1).")
-_kubernetes_flag(flags.DEFINE_string, "memory", None, "memory requests, as --cpu (e.g. 4Gi or "
-                 "ps=2Gi,worker=8Gi).")
+_kubernetes_flag(flags.DEFINE_string, "cpu", None, "CPU requests (Kubernetes quantities), one "
+                 "value for every role (2) or per role (ps=1,worker=4,chief=4,evaluator=500m); "
+                 "default ps=1,worker=2,chief=2,evaluator=1. Each task sizes its thread pools "
+                 "from it.")
+_kubernetes_flag(flags.DEFINE_string, "memory", None, "memory requests and limits (equal: the "
+                 "pod is never killed for memory another pod needs), as --cpu (e.g. 4Gi or "
+                 "ps=2Gi,worker=8Gi); default 2Gi; at least 1Gi.")
+_kubernetes_flag(flags.DEFINE_boolean, "cpu_limits", False, "also limit the CPUs to the "
+                 "requests (Guaranteed QoS; the CFS quota may throttle a step).")
 _kubernetes_flag(flags.DEFINE_integer, "worker_gpus", 0, "nvidia.com/gpu limit of each chief "
                  "and worker.")
-_kubernetes_flag(flags.DEFINE_integer, "backoff_limit", 10, "retries before the run (TFJob) or "
-                 "a task's Job fails; only retryable exit statuses are retried.")
+_kubernetes_flag(flags.DEFINE_integer, "backoff_limit", 10, "the TFJob's runPolicy.backoffLimit "
+                 "(which the operator does not apply to ExitCode restarts) or each Job's "
+                 "backoffLimit (failed pods, evictions not counted).")
+_kubernetes_flag(flags.DEFINE_integer, "max_restarts", 10, "each task's --max_restarts: "
+                 "restarts after a failure (not a preemption) before it exits 1 and the run "
+                 "fails: the bound that fires under the training operator.")
+_kubernetes_flag(flags.DEFINE_integer, "active_deadline_secs", 7 * 24 * 3600, "the run "
+                 "(TFJob) or each task's Job fails after this many seconds, whatever happens; "
+                 "0: no bound.")
+_kubernetes_flag(flags.DEFINE_integer, "metrics_port", k8s.METRICS_PORT, "each task's "
+                 "--metrics_port: Prometheus metrics and /healthz, which the startup, liveness "
+                 "and readiness probes use; 0: neither.")
+_kubernetes_flag(flags.DEFINE_boolean, "pod_monitor", False, "also print a Prometheus "
+                 "Operator PodMonitor for the run (the pods are annotated prometheus.io/scrape "
+                 "either way).")
+_kubernetes_flag(flags.DEFINE_integer, "run_as_user", None, "the UID every container runs as; "
+                 "default: the image's (1000), or the platform's (OpenShift assigns one).")
+_kubernetes_flag(flags.DEFINE_string, "fs_group", "1000", "the pods' fsGroup, which makes the "
+                 "volume writable for them where its type supports it (not NFS: see "
+                 "docs/kubernetes.md); none: leave it to the platform (OpenShift).")
+_kubernetes_flag(flags.DEFINE_string, "run_id", None, "TFJob: the run's id for the tasks' "
+                 "restart budgets (LOWLEVEL_RUN_ID); default: a new one each time this runs. "
+                 "The plain Jobs use each Job's uid.")
 
 
 def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | None,
@@ -108,6 +142,12 @@ def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | 
 
 ROLES = (CHIEF, WORKER, PS, EVALUATOR)
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DEFAULT_CPU = {PS: "1", WORKER: "2", CHIEF: "2", EVALUATOR: "1"}
+DEFAULT_MEMORY = "2Gi"
+# A task measured 620-760 MiB resident (TensorFlow, the digits MLP): less cannot work.
+MIN_MEMORY = 2 ** 30
+# Trainer flags the Kubernetes formats set themselves.
+MANAGED_FLAGS = ("--output_dir", "--metrics_port", "--max_restarts")
 
 
 def _per_role(value, flag: str) -> dict[str, str]:
@@ -153,20 +193,113 @@ def kubernetes_docs(extra: list[str]) -> list[dict]:
                          "at least 1 ps and 1 worker (0 workers only with --chief_job)")
     replicas = {CHIEF: int(FLAGS.chief_job), WORKER: FLAGS.num_workers, PS: FLAGS.num_ps,
                 EVALUATOR: int(FLAGS.evaluator)}
-    cpu, memory = _per_role(FLAGS.cpu, "cpu"), _per_role(FLAGS.memory, "memory")
+    if not FLAGS.output_dir.startswith("/"):
+        raise UsageError(f"--output_dir={FLAGS.output_dir}: expected an absolute path (where "
+                         "the claim is mounted in every pod), e.g. /output")
+    for arg in extra:
+        if arg.split("=")[0] in MANAGED_FLAGS:
+            raise UsageError(f"{arg} after '--': give it to this tool (--{arg[2:]}), which "
+                             "sets it in every pod")
+    resources = _resources()
+    image = _images()
+    options = dataclasses.replace(_pod_options(), scanner_skips=k8s.scanner_skips(
+        image, FLAGS.run_as_user, FLAGS.cpu_limits))
+    args = ([f"--output_dir={FLAGS.output_dir}"] + (["--sync"] if FLAGS.sync else [])
+            + ([f"--metrics_port={FLAGS.metrics_port}"] if FLAGS.metrics_port else [])
+            + [f"--max_restarts={FLAGS.max_restarts}"] + extra)
+    build = k8s.tfjob if FLAGS.format == "tfjob" else k8s.plain
+    docs = build(name, FLAGS.namespace, image, replicas, args, FLAGS.output_dir,
+                 FLAGS.pvc, resources, FLAGS.backoff_limit, options,
+                 FLAGS.active_deadline_secs or None)
+    docs = [docs] if isinstance(docs, dict) else docs
+    docs.append(k8s.network_policy(name, FLAGS.namespace, FLAGS.metrics_port or None))
+    if FLAGS.pod_monitor:
+        if not FLAGS.metrics_port:
+            raise UsageError("--pod_monitor needs --metrics_port (the port it scrapes)")
+        docs.append(k8s.pod_monitor(name, FLAGS.namespace))
+    return k8s.note_default_namespace(docs)
+
+
+def _resources() -> dict[str, dict]:
+    """{role: container resources}: CPU requests (and limits with --cpu_limits), memory
+    requests equal to the limits, the GPUs of the chief and workers.
+
+    Raises:
+      UsageError: a value that is not a Kubernetes quantity, or too little memory.
+    """
+    cpu = {**DEFAULT_CPU, **_per_role(FLAGS.cpu, "cpu")}
+    memory = {role: DEFAULT_MEMORY for role in ROLES} | _per_role(FLAGS.memory, "memory")
     resources = {}
     for role in ROLES:
-        requests = {k: v for k, v in (("cpu", cpu.get(role)), ("memory", memory.get(role)))
-                    if v}
-        limits = ({"nvidia.com/gpu": str(FLAGS.worker_gpus)}
-                  if FLAGS.worker_gpus and role in (CHIEF, WORKER) else {})
-        resources[role] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
-    args = [f"--output_dir={FLAGS.output_dir}"] + (["--sync"] if FLAGS.sync else []) + extra
-    build = k8s.tfjob if FLAGS.format == "tfjob" else k8s.plain
-    docs = build(name, FLAGS.namespace, FLAGS.image, replicas, args, FLAGS.output_dir,
-                 FLAGS.pvc, resources, FLAGS.backoff_limit)
-    docs = [docs] if isinstance(docs, dict) else docs
-    return docs + [k8s.network_policy(name, FLAGS.namespace)]
+        for flag, check in (("cpu", resources_lib.cpu_quantity),
+                            ("memory", lambda v: resources_lib.memory_quantity(v, MIN_MEMORY))):
+            try:
+                check((cpu if flag == "cpu" else memory)[role])
+            except resources_lib.QuantityError as e:
+                given = FLAGS[flag].value
+                where = f"{role}: " if given and "=" in given else ""
+                raise UsageError(f"--{flag}={given}: {where}{e}") from None
+        requests = {"cpu": cpu[role], "memory": memory[role]}
+        limits = {"memory": memory[role]}
+        if FLAGS.cpu_limits:
+            limits["cpu"] = cpu[role]
+        if FLAGS.worker_gpus and role in (CHIEF, WORKER):
+            limits["nvidia.com/gpu"] = str(FLAGS.worker_gpus)
+        resources[role] = {"requests": requests, "limits": limits}
+    return resources
+
+
+def _pod_options() -> k8s.PodOptions:
+    """The pods' `k8s.PodOptions` from the flags.
+
+    Raises:
+      UsageError: a bad --fs_group, --run_as_user, --run_id or --metrics_port.
+    """
+    fs_group = FLAGS.fs_group
+    if fs_group is not None and fs_group.lower() != "none":
+        if not fs_group.isdigit():
+            raise UsageError(f"--fs_group={fs_group}: expected a group id (e.g. 1000) or none")
+        fs_group = int(fs_group)
+    else:
+        fs_group = None
+    if FLAGS.run_as_user is not None and FLAGS.run_as_user < 1:
+        raise UsageError(f"--run_as_user={FLAGS.run_as_user}: expected a UID above 0 (the "
+                         "pods run as non-root)")
+    if not 0 <= FLAGS.metrics_port <= 65535 or FLAGS.metrics_port == k8s.PORT:
+        raise UsageError(f"--metrics_port={FLAGS.metrics_port}: expected a port other than "
+                         f"the training port {k8s.PORT} (0: no metrics and no probes)")
+    run_id = None
+    if FLAGS.format == "tfjob":
+        run_id = FLAGS.run_id or f"{FLAGS.name}-{secrets.token_hex(4)}"
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", run_id):
+            raise UsageError(f"--run_id={run_id}: expected letters, digits, '.', '_', '-'")
+    return k8s.PodOptions(run_as_user=FLAGS.run_as_user, fs_group=fs_group,
+                          metrics_port=FLAGS.metrics_port or None, run_id=run_id)
+
+
+def _images():
+    """--image, or {"default": CPU image, chief and worker: the GPU image} with GPUs.
+
+    Raises:
+      UsageError: GPUs with an image pinned by digest and no --gpu_image.
+    """
+    if not FLAGS.worker_gpus:
+        return FLAGS.image
+    gpu = FLAGS.gpu_image
+    if not gpu:
+        if "@" in FLAGS.image:
+            raise UsageError(f"--worker_gpus={FLAGS.worker_gpus} needs the GPU image "
+                             "(TensorFlow with its CUDA libraries: scripts/build_image gpu), "
+                             f"and --image={FLAGS.image} is pinned by digest: give "
+                             "--gpu_image")
+        repo, _, tag = FLAGS.image.rpartition(":")
+        if not repo or "/" in tag:  # no tag: "registry:5000/lowlevel" has a port, not a tag
+            repo, tag = FLAGS.image, "latest"
+        gpu = f"{repo}:{tag}-gpu"
+    sys.stderr.write(f"# the chief and workers ({FLAGS.worker_gpus} GPU each) run {gpu}, the "
+                     f"GPU image (scripts/build_image gpu); the ps tasks and the evaluator "
+                     f"{FLAGS.image}\n")
+    return {"default": FLAGS.image, CHIEF: gpu, WORKER: gpu}
 
 
 def main(argv) -> int:

@@ -83,6 +83,24 @@ def _prepare_process(cluster: Cluster | None, task: Task, config: TrainConfig) -
         from absl import logging
         logging.warning("%s: no events file in %s (%s); training goes on without it",
                         task.name, config.output_dir, e.strerror)
+    _start_production(config, task)
+
+
+def _start_production(config: TrainConfig, task: Task) -> None:
+    """Before TensorFlow's import: the metrics and health server (--metrics_port), so that
+    a probe sees a task that is starting; this start counted against --max_restarts.
+
+    Raises:
+      UsageError: the metrics port is in use.
+      errors.RestartsSpent: no restart is left (exit 1).
+    """
+    from lowlevel.runtime import restarts
+    from lowlevel.runtime import metrics
+    if config.metrics_port:
+        metrics.serve(config.metrics_port, task.name, task.job_name, task.task_index,
+                      config.output_dir)
+    budget = restarts.begin(config.output_dir, task.name, config.max_restarts)
+    metrics.report_restarts(budget.restarts)
 
 
 def _main(argv) -> int:
@@ -90,11 +108,18 @@ def _main(argv) -> int:
     return main(argv, Preemption())  # first: before TensorFlow starts any thread
 
 
+def _exit_status(code: int) -> int:
+    """The status the task exits with: a retryable one with no restart left becomes 1
+    (`runtime.restarts`, --max_restarts)."""
+    from lowlevel.runtime import restarts
+    return restarts.finish(code)
+
+
 def run():
     """Console-script entry point."""
     from lowlevel.ops.lifetime import die_with_parent
     die_with_parent()  # first: a launcher that dies takes its tasks with it
-    app.run(cli.task_main("lowlevel.trainer", _main),
+    app.run(cli.task_main("lowlevel.trainer", _main, on_exit=_exit_status),
             flags_parser=cli.flags_parser("lowlevel.trainer", [cli.TRAINER]))
 
 

@@ -18,4 +18,13 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install -q -e "$ROOT${EXTRA:+[$EXTRA]}" >&2
   echo "$WANT" > "$STAMP"
 fi
+# The test extra also gets checkov (a Kubernetes manifest scanner, tests/test_k8s.py) in a
+# venv of its own inside .venv: its many pinned dependencies stay out of the project's.
+CHECKOV_VERSION="3.3.30"
+if [ "$EXTRA" = "test" ] && [ "$(cat "$VENV/checkov/.installed" 2>/dev/null)" != "$CHECKOV_VERSION" ]; then
+  echo "setup: installing checkov $CHECKOV_VERSION into $VENV/checkov" >&2
+  "$PY" -m venv "$VENV/checkov"
+  "$VENV/checkov/bin/python" -m pip install -q "checkov==$CHECKOV_VERSION" >&2
+  echo "$CHECKOV_VERSION" > "$VENV/checkov/.installed"
+fi
 export PATH="$VENV/bin:$PATH"

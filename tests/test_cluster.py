@@ -178,7 +178,7 @@ def test_schedule_errors(schedule, job, needle):
 
 def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
     from lowlevel.runtime import server
-    monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(server.resources, "cpus", lambda: 2)  # the cgroup's figure
 
     def threads(cluster, job, index):
         c = server.session_config(cluster, Task(job, index))
@@ -200,7 +200,7 @@ def test_session_config_lets_only_the_computing_tasks_spin(monkeypatch):
     """Idle pool threads spin before they sleep only where that takes no core a worker
     needs: not with more tasks than cores, not in a ps beside training tasks."""
     from lowlevel.runtime import server
-    monkeypatch.setattr(server.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(server.resources, "cpus", lambda: 2)  # the cgroup's figure
 
     def spins(cluster, job, index):
         return not server.session_config(

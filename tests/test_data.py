@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lowlevel.data import images as data_lib
-from lowlevel.data.images import DataError
+from lowlevel.errors import DataError
 from mnist_files import write_idx_set
 
 

@@ -36,7 +36,6 @@ import numpy as np
 
 from lowlevel.data import movielens
 from lowlevel.data.sharding import shard_indices
-from lowlevel import errors
 
 DEFAULT_MOVIELENS_DIR = os.path.join(".", "data", "ml-100k")
 # Cardinalities of Criteo's Kaggle display-advertising set's 26 categorical fields.

@@ -30,8 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel.data.sharding import shard_indices
-from lowlevel.errors import DataError, RuntimeFailure, UsageError
-from lowlevel import errors
+from lowlevel.errors import DataError, UsageError
 
 
 @dataclasses.dataclass(frozen=True)

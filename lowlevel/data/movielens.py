@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from lowlevel.errors import MovieLensError, RuntimeFailure
+from lowlevel.errors import MovieLensError
 
 # u.item's 19 genre flags, in file order (GroupLens' u.genre).
 GENRES = ("unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",

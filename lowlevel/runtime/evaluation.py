@@ -19,6 +19,7 @@ from absl import logging
 from lowlevel.outputs import checkpoints
 from lowlevel.outputs import export
 from lowlevel.outputs import files
+from lowlevel.runtime import metrics
 from lowlevel.models import catalogue as models
 from lowlevel.data import images as data_lib
 from lowlevel.config import TrainConfig
@@ -223,6 +224,7 @@ def _keep(record: dict, records: list, writer, records_path: str) -> list:
     writer.flush()
     records = [r for r in records if r["global_step"] != step] + [record]
     _write_records(records_path, records)
+    metrics.evaluated(record)
     logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
                  record["split"], record["accuracy"], record["loss"],
                  f" | auc {record['auc']:.4f}" if record.get("auc") else "")

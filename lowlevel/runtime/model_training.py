@@ -46,7 +46,7 @@ def build_train_spec(model: ModelFnModel):
     config = model.run_config
     graph = v1.get_default_graph()
     v1.random.set_random_seed(config.tf_random_seed)
-    global_step = v1.train.create_global_step(graph)
+    v1.train.create_global_step(graph)
     result = input_fns.call_input_fn(model.input_fn, spec_lib.ModeKeys.TRAIN, model.params,
                                      config)
     features, labels, input_hooks = input_fns.features_and_labels(result)

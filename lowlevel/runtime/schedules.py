@@ -37,7 +37,7 @@ def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Ta
     if schedule == config_lib.RUN_STD_SERVER:
         return serve(cluster, task, config)
     if task.job_name == EVALUATOR:
-        return evaluate(config, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)
+        return evaluate(config, task, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)
     return train(config, cluster, task, preemption)
 
 
@@ -47,16 +47,20 @@ def serve(cluster: Cluster, task: Task, config: TrainConfig) -> int:
     from lowlevel.runtime import shutdown
     session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
                                                config.inter_op_threads)
+    _log_cpus(task, session_config)
     server = server_lib.start(cluster, task, session_config)
+    _serving(cluster, task)
     return shutdown.run_std_server(server, task, session_config)
 
 
-def evaluate(config: TrainConfig, on_train_data: bool) -> int:
+def evaluate(config: TrainConfig, task: Task, on_train_data: bool) -> int:
     """An evaluator: each new checkpoint until the final one; prints the last record."""
     import tensorflow as tf
 
     from lowlevel.data import catalogue
     from lowlevel.runtime import evaluation
+    _log_cpus(task, None)
+    _serving(None, task)
     record = evaluation.continuous_eval(
         config, catalogue.load_for(config), on_train_data,
         tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
@@ -80,7 +84,10 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     if cluster:
         session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
                                                    config.inter_op_threads)
+    _log_cpus(task, session_config)
+    if cluster:
         server = server_lib.start(cluster, task, session_config)
+    _serving(cluster, task)
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)
         data = catalogue.load_for(config)
@@ -96,3 +103,21 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     except TrainingFinished as done:
         metrics = finish.finished_run(config, cluster, task, server, session_config, done)
     return finish.report(metrics, preemption)
+
+
+def _log_cpus(task: Task, session_config) -> None:
+    """Logs the CPUs this task sizes its thread pools from (`lowlevel.ops.resources`) and
+    reports them as metrics."""
+    from lowlevel.ops import resources
+    from lowlevel.runtime import metrics
+    pools = (f": intra-op {session_config.intra_op_parallelism_threads}, inter-op "
+             f"{session_config.inter_op_parallelism_threads} threads" if session_config else "")
+    logging.info("%s: %s%s", task.name, resources.figure().describe(), pools)
+    metrics.report_cpus(resources.figure(), session_config)
+
+
+def _serving(cluster: Optional[Cluster], task: Task) -> None:
+    """This task is up (its server started, or it needs none): healthy from now on."""
+    from lowlevel.runtime import metrics
+    address = cluster.hosts(task.job_name)[task.task_index] if cluster else None
+    metrics.serving(address, cluster, task)

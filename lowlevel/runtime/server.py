@@ -10,13 +10,13 @@ no authentication; keep clusters on trusted networks.
 from __future__ import annotations
 
 import functools
-import os
 
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.cluster.spec import CHIEF, PS, WORKER, Cluster, Task
 from lowlevel.cluster.probes import check_port_free
+from lowlevel.cluster.spec import CHIEF, PS, WORKER, Cluster, Task
+from lowlevel.ops import resources
 
 v1 = tf.compat.v1
 
@@ -28,8 +28,9 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
                    inter_op_threads: int = 0):
     """The `ConfigProto` for a task's server and sessions.
 
-    Thread pools (0 means "choose"): the cores of a machine go to the training
-    tasks on it, cores // (training tasks on this host) intra-op threads each;
+    Thread pools (0 means "choose"): the CPUs this task may use (its cgroup's
+    quota, else its pod's CPU request, its affinity mask, the machine's cores:
+    `lowlevel.ops.resources`) go to the training tasks on its host, cores // (training tasks on this host) intra-op threads each;
     a ps beside them gets 1, since it does little arithmetic (it adds updates)
     and works mostly while its workers wait for it; a ps alone on its machine
     shares the cores with the other ps tasks there. Inter-op: at least 2 (a ps
@@ -47,7 +48,7 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
     `device_filters` keep a worker from waiting for, or talking to, the other
     workers: it sees only the ps job and itself; a ps sees only itself.
     """
-    cores = os.cpu_count() or 1
+    cores = resources.cpus()
     here = functools.partial(cluster.tasks_on_host_of, task.job_name, task.task_index)
     training_here = here((CHIEF, WORKER))
     if task.job_name == PS:

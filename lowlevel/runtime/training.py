@@ -21,6 +21,7 @@ from lowlevel import events
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import faults, finish
 from lowlevel.runtime import loop
+from lowlevel.runtime import metrics as metrics_lib
 from lowlevel.cluster import probes
 from lowlevel.runtime import sessions
 from lowlevel.runtime.graph import TrainGraph, build
@@ -76,6 +77,9 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
     g = build(config, data, cluster, task, worker_gpu, preempted)
+    metrics_lib.watch_training(g.progress, g.steps, config.batch_size)
+    if task.is_chief and cluster:
+        metrics_lib.placement_built(g.graph, cluster, config.output_dir)
     newest = checkpoints.newest_readable(config.output_dir)
     path = checkpoints.check_compatible(config.output_dir, g.saved, newest[0] if newest else None,
                                         optional=g.optimizer_names)
