@@ -12,11 +12,15 @@ multi-second import.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from typing import Optional
 
 from lowlevel.errors import UsageError
 
 MODELS = ("softmax", "mlp", "cnn", "wide_deep")
+# A user's function on the command line: package.module:function (`lowlevel.models.user`).
+USER_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 DATASETS = ("digits", "mnist", "synthetic", "movielens", "synthetic_ctr")
 # The data sets of the click-through model (`lowlevel.data.ctr`); the others are images.
 CTR_DATASETS = ("movielens", "synthetic_ctr")
@@ -97,7 +101,17 @@ class TrainConfig:
     """
 
     # Model and data.
-    model: str = _field("mlp", "Model.", choices=MODELS)
+    model: str = _field(
+        "mlp", "Model: a built-in one (softmax, mlp, cnn, wide_deep), or a model_fn of your own "
+        "as package.module:function (an Estimator model_fn: features, labels, mode, params, "
+        "config; with --input_fn and --params; docs/estimator.md).")
+    input_fn: Optional[str] = _field(
+        None, "With --model=package.module:function: the input_fn, as package.module:function "
+        "(called with the arguments it names: mode, params, config; the chief evaluates "
+        "with mode=eval at the end), or two, train_fn,eval_fn. --dataset is then unused.")
+    params: Optional[str] = _field(
+        None, "With --model=package.module:function: the model_fn's params, a JSON object "
+        "(e.g. '{\"hidden_units\": [64, 64]}').")
     hidden_units: tuple[int, ...] = _field(
         (128, 128), "Hidden layer widths (mlp and wide_deep's deep part: every layer; cnn: "
         "the dense layer after the convolutions uses the first; --dataset=movielens: 64).")
@@ -234,6 +248,35 @@ class TrainConfig:
             return self.learning_rate
         return DEFAULT_LEARNING_RATES[self.optimizer]
 
+    @property
+    def builtin(self) -> bool:
+        """Whether `model` names a built-in model (else a user's model_fn, "module:function")."""
+        return self.model in MODELS
+
+    def _check_model(self) -> None:
+        """Raises UsageError for a model that is neither built in nor "module:function", and for
+        --input_fn or --params without a model_fn of one's own, or --params not a JSON object."""
+        if not self.builtin and not USER_FUNCTION.fullmatch(self.model):
+            raise UsageError(f"--model={self.model}: expected one of {', '.join(MODELS)}, or "
+                             "a model_fn of your own as package.module:function")
+        if self.builtin and (self.input_fn or self.params):
+            raise UsageError(f"--input_fn and --params go with --model=package.module:function; "
+                             f"--model={self.model} is built in (its data: --dataset)")
+        if not self.builtin and not self.input_fn:
+            raise UsageError(f"--model={self.model} needs --input_fn=package.module:function, "
+                             "the input_fn that feeds it")
+        for fn in (self.input_fn or "").split(","):
+            if fn and not USER_FUNCTION.fullmatch(fn.strip()):
+                raise UsageError(f"--input_fn={self.input_fn}: expected package.module:function "
+                                 "(or train_fn,eval_fn)")
+        if self.params:
+            try:
+                params = json.loads(self.params)
+            except ValueError as e:
+                raise UsageError(f"--params={self.params}: not JSON ({e})") from None
+            if not isinstance(params, dict):
+                raise UsageError(f"--params={self.params}: expected a JSON object, {{...}}")
+
     def validate(self, num_workers: Optional[int] = 1) -> "TrainConfig":
         """Checks every field against its metadata; returns self.
 
@@ -249,8 +292,9 @@ class TrainConfig:
             raise UsageError(
                 f"--hidden_units={','.join(map(str, self.hidden_units))}: expected "
                 "a comma-separated list of positive layer widths, e.g. 128,128")
+        self._check_model()
         ctr = self.dataset in CTR_DATASETS
-        if ctr != (self.model == "wide_deep"):
+        if self.builtin and ctr != (self.model == "wide_deep"):
             raise UsageError(
                 f"--model={self.model} --dataset={self.dataset}: the wide_deep model trains on "
                 f"{' or '.join(CTR_DATASETS)} and the image models on the others")

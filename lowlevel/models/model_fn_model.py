@@ -31,6 +31,7 @@ class ModelFnModel:
       applied when model_dir has no checkpoint yet, or None.
     input_fn: the training input_fn (called with the arguments it names:
       mode, params, config, input_context).
+    hooks: more `SessionRunHook`s for every training task (a TrainSpec's hooks).
     """
 
     model_fn: Callable
@@ -39,3 +40,4 @@ class ModelFnModel:
     model_dir: str
     warm_start: Optional[tuple] = None
     input_fn: Optional[Callable] = None
+    hooks: tuple = ()

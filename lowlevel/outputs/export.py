@@ -118,7 +118,8 @@ def ensure_exported(checkpoint_path: str, step: int, config: TrainConfig) -> Opt
     there is something to export. Returns the export's directory, or None
     with `--keep_exports=0`.
     """
-    if not config.keep_exports or not config.output_dir or not exportable(config):
+    if not (config.builtin and config.keep_exports and config.output_dir and
+            exportable(config)):
         return None
     base = output_layout.export_base(config.output_dir)
     if os.path.isdir(os.path.join(base, str(step))):

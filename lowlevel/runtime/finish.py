@@ -46,13 +46,13 @@ v1 = tf.compat.v1
 FINISHED_PS_WAIT_SECS = 30.0
 
 
-def after_training(config: TrainConfig, cluster: Optional[Cluster], task: Task, g, data,
+def after_training(config: TrainConfig, cluster: Optional[Cluster], task: Task, g, trainable,
                    preemption, started: float) -> Optional[dict]:
     """Steps 9-12 for a task whose session has closed; returns the chief's final metrics.
 
     Args:
       g: the task's `graph.TrainGraph`.
-      data: the data set (the export's input shape).
+      trainable: what was trained (`trainables`): its final evaluation and export.
       preemption: the task's `preemption.Preemption`, or None.
       started: `time.monotonic()` when the task began building its graph.
 
@@ -69,7 +69,9 @@ def after_training(config: TrainConfig, cluster: Optional[Cluster], task: Task, 
         return None
     logging.info("%s: training done at global step %s after %d local steps",
                  task.name, g.progress.end_step, g.progress.local_steps)
-    metrics = final_metrics(config, cluster, g, time.monotonic() - started)
+    final = checkpoints.latest(config.output_dir) if task.is_chief else None
+    evaluated = trainable.final_evaluation(g, config, final) if task.is_chief else {}
+    metrics = final_metrics(config, cluster, g, evaluated, time.monotonic() - started)
     saves = next((h.saves for h in g.hooks if isinstance(h, hooks.CheckpointHook)), None)
     if saves is not None and saves.last_failed:  # nothing to export either
         raise errors.StorageFailure(
@@ -78,9 +80,9 @@ def after_training(config: TrainConfig, cluster: Optional[Cluster], task: Task, 
             "command again: it resumes from the newest checkpoint")
     if task.is_chief and config.output_dir and config.keep_exports:
         # After the session: from the final checkpoint, in a fresh graph.
-        metrics["export_dir"] = export.export(
-            checkpoints.latest(config.output_dir), output_layout.export_base(config.output_dir),
-            config, data, config.keep_exports)
+        export_dir = trainable.export(final, config)
+        if export_dir:
+            metrics["export_dir"] = export_dir
     if config.output_dir:
         _write_records(config.output_dir, task, g.progress.task_record(),
                        metrics if task.is_chief else None)
@@ -97,29 +99,33 @@ def _preempted(output_dir: Optional[str], task: Task, end_step, preemption) -> N
     preemption.mark_safe()
 
 
-def final_metrics(config: TrainConfig, cluster: Optional[Cluster], g,
+def final_metrics(config: TrainConfig, cluster: Optional[Cluster], g, evaluated: dict,
                   wall_seconds: float) -> dict:
     """Step 10: the chief's final metrics (also written to `final_metrics.json`).
 
     global_step, start_global_step, accuracy and loss (test split; wide_deep also
-    auc and log_loss), train_examples_per_sec (all workers), wall_seconds (from
-    building the graph to the end of the final evaluation and shutdown handshake),
-    num_ps, num_workers, sync, model, dataset, batch_size.
+    auc and log_loss; a model_fn: its eval metrics), train_examples_per_sec (all
+    workers), wall_seconds (from building the graph to the end of the final evaluation
+    and shutdown handshake), num_ps, num_workers, sync, model, dataset (a model_fn's:
+    its input_fn), batch_size.
+
+    `evaluated`: the final evaluation's results (`trainable.final_evaluation`).
     """
-    result = g.final_eval.result if g.final_eval and g.final_eval.result else {}
+    extra = {k: v for k, v in evaluated.items()
+             if k not in ("accuracy", "loss", "global_step", "num_examples")}
     return {
         "global_step": g.progress.end_step,
         "start_global_step": g.progress.initial_step,
-        "accuracy": result.get("accuracy"),
-        "loss": result.get("loss"),
-        **{k: result[k] for k in ("auc", "log_loss") if k in result},
+        "accuracy": evaluated.get("accuracy"),
+        "loss": evaluated.get("loss"),
+        **extra,
         "train_examples_per_sec": round(g.progress.examples_per_sec, 1),
         "wall_seconds": round(wall_seconds, 3),
         "num_ps": cluster.num_ps if cluster else 0,
         "num_workers": cluster.num_workers if cluster else 1,
         "sync": bool(config.sync and cluster),
         "model": config.model,
-        "dataset": config.dataset,
+        "dataset": config.dataset if config.builtin else config.input_fn,
         "batch_size": config.batch_size,
     }
 

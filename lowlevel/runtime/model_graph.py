@@ -76,7 +76,7 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
                 warm_start_lib.warm_start(model.warm_start)
             step = _step_value(spec, cap, global_step, config.train_steps, cluster)
-        return _assemble(config, cluster, task, graph, spec, step, global_step, made,
+        return _assemble(config, model, cluster, task, graph, spec, step, global_step, made,
                          cap, input_hooks, _batch_size(labels, features), preempted)
 
 
@@ -209,7 +209,7 @@ def _every_step(hook):
     return hook
 
 
-def _assemble(config, cluster, task, graph, spec, step, global_step, made, cap,
+def _assemble(config, model, cluster, task, graph, spec, step, global_step, made, cap,
               input_hooks, batch_size, preempted) -> graph_lib.TrainGraph:
     """The `TrainGraph`: scaffold, the model's hooks beside the runtime's, progress."""
     sync = made.runtime_sync or cap.sync_optimizer
@@ -226,7 +226,7 @@ def _assemble(config, cluster, task, graph, spec, step, global_step, made, cap,
                                          config.train_steps, config.log_every_secs, steps,
                                          config.output_dir if task.is_chief else None,
                                          config.warmup_steps, batch_size)
-    model_hooks = list(input_hooks) + list(spec.training_hooks)
+    model_hooks = list(input_hooks) + list(model.hooks) + list(spec.training_hooks)
     if task.is_chief:
         model_hooks += list(spec.training_chief_hooks)
     model_hooks = [_every_step(h) for h in model_hooks if h not in made.sync_hooks]

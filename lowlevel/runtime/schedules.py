@@ -25,12 +25,14 @@ from lowlevel.tf_import import import_tensorflow
 
 
 def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Task,
-        preemption, verbose: bool = False) -> int:
+        preemption, verbose: bool = False, trainable=None) -> int:
     """Runs `schedule` for `task`; returns the exit status.
 
     Args:
       preemption: the task's `preemption.Preemption` (SIGTERM/SIGINT at a safe point).
       verbose: keep TensorFlow's own log output (`--verbosity=1`).
+      trainable: what a training task trains (`trainables`); default: what `config`
+        names (`trainables.for_config`).
     """
     import_tensorflow(verbose=verbose)
     events.emit("started", None, schedule=schedule)
@@ -38,7 +40,7 @@ def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Ta
         return serve(cluster, task, config)
     if task.job_name == EVALUATOR:
         return evaluate(config, task, schedule == config_lib.CONTINUOUS_EVAL_ON_TRAIN_DATA)
-    return train(config, cluster, task, preemption)
+    return train(config, cluster, task, preemption, trainable)
 
 
 def serve(cluster: Cluster, task: Task, config: TrainConfig) -> int:
@@ -69,15 +71,15 @@ def evaluate(config: TrainConfig, task: Task, on_train_data: bool) -> int:
     return 0
 
 
-def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemption) -> int:
+def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemption,
+          trainable=None) -> int:
     """The chief or a worker: trains to `--train_steps` (`training.train`), or, on a finished
     run, ends it (`finish.finished_run`); then reports (`finish.report`)."""
     import tensorflow as tf
 
-    from lowlevel.data import catalogue
     from lowlevel.errors import TrainingFinished
     from lowlevel.outputs import checkpoints
-    from lowlevel.runtime import finish, training
+    from lowlevel.runtime import finish, trainables, training
     from lowlevel.runtime import server as server_lib
 
     session_config = server = None
@@ -90,15 +92,14 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     _serving(cluster, task)
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)
-        data = catalogue.load_for(config)
+        trainable = trainable or trainables.for_config(config, cluster, task)
         worker_gpu = config.worker_gpu
         if worker_gpu is None:
             worker_gpu = len(tf.config.list_physical_devices("GPU"))
         shape = (f"{cluster.num_ps} ps + {cluster.num_workers or 'dynamic'} workers, "
                  f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
-        logging.info("%s: %s on %s (%d train / %d test examples), %s", task.name,
-                     config.model, data.name, len(data.train), len(data.test), shape)
-        metrics = training.train(config, data, cluster, task, server, session_config,
+        logging.info("%s: %s, %s", task.name, trainable.description, shape)
+        metrics = training.train(config, trainable, cluster, task, server, session_config,
                                  worker_gpu, preemption)
     except TrainingFinished as done:
         metrics = finish.finished_run(config, cluster, task, server, session_config, done)

@@ -16,7 +16,6 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.data import images as data_lib
 from lowlevel import events
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import faults, finish
@@ -24,7 +23,7 @@ from lowlevel.runtime import loop
 from lowlevel.runtime import metrics as metrics_lib
 from lowlevel.cluster import probes
 from lowlevel.runtime import sessions
-from lowlevel.runtime.graph import TrainGraph, build
+from lowlevel.runtime.graph import TrainGraph
 from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.runtime.preemption import Preemption
@@ -39,10 +38,13 @@ v1 = tf.compat.v1
 STOP_GRACE_SECS = 2.0
 
 
-def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
+def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
           task: Task, server=None, session_config=None, worker_gpu: int = 0,
           preemption: Optional[Preemption] = None) -> Optional[dict]:
     """Runs worker `task` to `config.train_steps`; returns the chief's final metrics.
+
+    `trainable`: what it trains (`trainables.Builtin` or `trainables.ModelFn`): its
+    graph, final evaluation and export.
 
     Failures of other tasks are recovered from inside (`MonitoredSession`
     recreates the session on `UnavailableError`/`AbortedError`; the creators
@@ -76,7 +78,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     """
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
-    g = build(config, data, cluster, task, worker_gpu, preempted)
+    g = trainable.build(config, cluster, task, worker_gpu, preempted)
     metrics_lib.watch_training(g.progress, g.steps, config.batch_size)
     if task.is_chief and cluster:
         metrics_lib.placement_built(g.graph, cluster, config.output_dir)
@@ -127,7 +129,7 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                          else "last step done")
             if not preempted.is_set():
                 events.emit("done", g.steps.value, local_steps=g.progress.local_steps)
-        return finish.after_training(config, cluster, task, g, data, preemption, started)
+        return finish.after_training(config, cluster, task, g, trainable, preemption, started)
 
 
 def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task,
