@@ -213,10 +213,13 @@ def _assemble(config, model, cluster, task, graph, spec, step, global_step, made
               input_hooks, batch_size, preempted) -> graph_lib.TrainGraph:
     """The `TrainGraph`: scaffold, the model's hooks beside the runtime's, progress."""
     sync = made.runtime_sync or cap.sync_optimizer
-    replicas = sync.replicas_to_aggregate if sync is not None else 1
+    num_workers = (cluster.num_workers or 1) if cluster else 1
+    # Gradients a sync step aggregates: --replicas_to_aggregate, or every worker (a model's
+    # own SyncReplicasOptimizer keeps its figure private; this is its usual setting).
+    replicas = (config.replicas_to_aggregate or num_workers) if sync is not None else 1
     # The runtime's sync hook is added by `session_hooks` for its own --sync; a model's
     # own SyncReplicasOptimizer gets it from make_session_run_hook (`made.sync_hooks`).
-    mode = graph_lib.Mode(num_workers=(cluster.num_workers or 1) if cluster else 1,
+    mode = graph_lib.Mode(num_workers=num_workers,
                           replicas=replicas, sync=made.runtime_sync is not None, local=False)
     scaffold, saved, optimizer_names = graph_lib.scaffold_for(
         config, graph, None, _local_init(spec.scaffold), None, spec.scaffold)
