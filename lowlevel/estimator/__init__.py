@@ -17,8 +17,8 @@ Run an unmodified TF <= 2.15 script with `python -m lowlevel.estimator
 SCRIPT.py ARGS` (aliases tf.estimator and tensorflow_estimator). Not
 provided: the canned estimators (DNNClassifier, LinearRegressor, ...), heads,
 TPUEstimator, distribution strategies, keras model_to_estimator. The
-distributed `train_and_evaluate` (a cluster in TF_CONFIG) goes through
-lowlevel's runtime (pending: NotImplementedError for now).
+distributed `train_and_evaluate` (a cluster in TF_CONFIG) runs every task
+through lowlevel's runtime (`lowlevel.estimator.distributed`).
 
 Importing this package before TensorFlow, with the legacy-keras extra
 (tf-keras) installed, sets TF_USE_LEGACY_KERAS=1 unless it is set: tf.keras

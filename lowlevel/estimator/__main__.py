@@ -4,10 +4,16 @@ Sets up the Keras environment (importing lowlevel.estimator does, before
 TensorFlow) and the import aliases (`lowlevel.estimator.alias`),
 then runs SCRIPT as `__main__` with `sys.argv = [SCRIPT, ARGS...]` and its
 directory first on `sys.path` (`runpy.run_path`), as `python SCRIPT.py ARGS`
-would. The exit status is the script's (SystemExit passes through; an
-uncaught exception prints its traceback, status 1), except that a use of
-`tf.compat.v1.layers` without the legacy-keras extra prints ONE line naming
-the extra and exits 2. Also installed as the console script `lowlevel-estimator`.
+would. The exit status is the script's (SystemExit passes through), except:
+a use of `tf.compat.v1.layers` without the legacy-keras extra prints ONE line
+naming the extra and exits 2; a failure of lowlevel's runtime (a peer that does
+not answer, a checkpoint of another model, ...) is one line and the status of the
+exit-status table (`lowlevel.errors`: 200 retryable, 1 permanent); a bug keeps its
+traceback (status 1). SIGTERM and SIGINT stop a distributed task at a safe point
+with 128 + N (`runtime.preemption`, made first). The process ends with
+`os._exit`: a task's `tf.train.Server` has no working Stop(), and its destructors
+could hang the interpreter's exit. Also installed as the console script
+`lowlevel-estimator`.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import traceback
 
 import lowlevel.estimator as estimator
 from lowlevel import errors
@@ -41,15 +48,29 @@ def main(argv=None) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
         runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except errors.LegacyKerasMissing as e:
         sys.stderr.write(f"lowlevel.estimator: {e}\n")
         return errors.USAGE
+    except Exception as e:  # noqa: BLE001 - one line for the runtime's failures
+        if not errors.is_runtime_failure(e) or isinstance(e, errors.UsageError):
+            traceback.print_exc()
+        code = errors.status_of(e)
+        sys.stderr.write(f"lowlevel.estimator: error: {errors.one_line(e)} (exit status "
+                         f"{code})\n")
+        return code
     return errors.SUCCESS
 
 
 def run():
     """Console-script entry point (`lowlevel-estimator`)."""
-    sys.exit(main())
+    from lowlevel.runtime.preemption import Preemption
+    Preemption("estimator")  # first: before TensorFlow starts any thread
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

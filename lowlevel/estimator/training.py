@@ -14,9 +14,9 @@ evaluated global_step >= train_spec.max_steps. Returns (the last eval
 result dict, the last list of export results), or (None, None) if nothing
 was evaluated. `start_delay_secs` is not used locally (as in 2.15).
 
-With a cluster in TF_CONFIG (ps/chief/worker/evaluator, or master) it raises
-NotImplementedError: the distributed run goes through lowlevel's runtime
-(pending).
+With a cluster in TF_CONFIG (ps/chief/worker/evaluator, or master) each task
+runs through lowlevel's runtime (`lowlevel.estimator.distributed`) and gets
+None, as in 2.15.
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     """Trains and evaluates `estimator` (see the module docstring); returns (metrics, exports).
 
     TypeError (2.15's messages) for arguments of the wrong type; ValueError
-    for an evaluator task id > 0; NotImplementedError with a cluster in
-    TF_CONFIG (lowlevel's distributed runtime integration is pending).
+    for an evaluator task id > 0. With a cluster in TF_CONFIG each task runs
+    through lowlevel's runtime (`lowlevel.estimator.distributed`) and gets None.
     """
     _assert_eval_spec(eval_spec)
     if not isinstance(estimator, estimator_lib.Estimator):
@@ -252,8 +252,8 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
         logging.info("Running training and evaluation locally (non-distributed).")
         return _run_local(estimator, train_spec, eval_spec)
     _check_task_type(config)
-    raise NotImplementedError("distributed train_and_evaluate: lowlevel runtime integration "
-                              "pending")
+    from lowlevel.estimator import distributed
+    return distributed.run(estimator, train_spec, eval_spec, _Evaluator)
 
 
 _TASK_TYPES = ["chief", "evaluator", "master", "ps", "worker"]

@@ -50,6 +50,14 @@ GRACE_SECS = 3.0
 PREEMPTED = "preempted by"
 
 
+_current: Optional["Preemption"] = None  # the process's, once made
+
+
+def current() -> Optional["Preemption"]:
+    """The process's `Preemption`, or None if none was made yet."""
+    return _current
+
+
 def exit_status(signum: int) -> int:
     """128 + the signal number (143 for SIGTERM, 130 for SIGINT): stopped, retryable."""
     return signal_status(signum)
@@ -64,6 +72,8 @@ class Preemption:
     """
 
     def __init__(self, task_name: str = "task"):
+        global _current
+        _current = self
         self.task_name = task_name
         self.requested = threading.Event()
         self.signum: Optional[int] = None

@@ -1,0 +1,144 @@
+"""`train_and_evaluate` with a cluster in `TF_CONFIG`: every task through lowlevel's runtime.
+
+tensorflow_estimator 2.15 ran this with its own, textbook runtime (measured, see
+tests/fixtures/estimator215/BEHAVIOUR.md): the ps tasks block in `server.join()`
+forever, a worker sleeps `min(60, (task_id + 1) * 5)` s before it starts and waits
+30 s more when the chief is not ready, an async run ends up to (workers - 1)
+steps past `max_steps`, and `SyncReplicasOptimizer`'s chief hangs 120 s at the
+end. Here each task runs lowlevel's schedule for its job (`runtime.schedules`), the
+model_fn trained as a `trainables.ModelFn`:
+
+- ps: serves its variables until the chief says the run is over; returns;
+- chief (or master) and workers: the runtime's placement by bytes, session
+  creators (a worker starts as soon as the chief has the model), the counted step
+  (the run ends at exactly `max_steps`), fault handling, the end-of-training
+  protocol, preemption at a safe point; the chief saves checkpoints per the
+  RunConfig. The chief neither evaluates nor exports, as in 2.15;
+- evaluator: evaluates each new checkpoint (`start_delay_secs` first,
+  `throttle_secs` apart), runs the exporters, and returns after the checkpoint of
+  `max_steps` (2.15's `_TrainingExecutor.run_evaluator`); a chief that saves
+  nothing new for `--eval_timeout_secs` ends it with status 200.
+
+`run` returns None on every task, as 2.15. A task that must stop with a status
+other than 0 (preempted: 128 + N; a failure: the exit-status table of
+`lowlevel.errors`) raises `SystemExit` with it, or the failure's exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import tensorflow as tf
+
+from lowlevel import config as config_lib
+from lowlevel import events, output_layout
+from lowlevel.cluster import channels, tf_config
+from lowlevel.cluster.spec import PS
+from lowlevel.config import TrainConfig
+from lowlevel.errors import EvalTimeout
+from lowlevel.runtime import schedules, trainables
+
+logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
+
+# An async run with no max_steps trains until its input ends: a limit no run reaches.
+NO_LIMIT_STEPS = 2 ** 62
+EVAL_TIMEOUT_SECS = TrainConfig.__dataclass_fields__["eval_timeout_secs"].default
+
+
+def run(estimator, train_spec, eval_spec, evaluator_cls) -> None:
+    """Runs this task's part of a distributed `train_and_evaluate` (see the module docstring).
+
+    `evaluator_cls`: the `_Evaluator` of `lowlevel.estimator.training` (evaluate and export).
+
+    Raises:
+      SystemExit: the task must exit with a status other than 0 (preempted).
+      errors.EvalTimeout: the evaluator saw no new checkpoint for `EVAL_TIMEOUT_SECS`.
+      Whatever the runtime raises (`lowlevel.errors`; the exit-status table).
+    """
+    config = estimator.config
+    if config.task_type == "evaluator":
+        return _evaluate(estimator, train_spec, eval_spec, evaluator_cls)
+    cluster, task = tf_config.from_tf_config(os.environ["TF_CONFIG"])
+    run_config = _train_config(estimator, train_spec, cluster)
+    channels.use_channel_options()  # before the task's server makes its channels
+    output_layout.ensure_writable(run_config.output_dir)
+    _open_events(run_config.output_dir, task.name)
+    model = dataclasses.replace(estimator._model(train_spec.input_fn),  # noqa: SLF001
+                                hooks=tuple(train_spec.hooks))
+    trainable = trainables.ModelFn(model, None, f"model_fn {_name(estimator._model_fn)}")
+    schedule = (config_lib.RUN_STD_SERVER if task.job_name == PS else config_lib.TRAIN)
+    status = schedules.run(schedule, run_config, cluster, task, _preemption(task.name),
+                           trainable=trainable)
+    if status:
+        raise SystemExit(status)
+    return None
+
+
+def _train_config(estimator, train_spec, cluster) -> TrainConfig:
+    """The runtime's settings of this run: the RunConfig's checkpoints and seed, max_steps."""
+    config = estimator.config
+    return TrainConfig(
+        model=_name(estimator._model_fn), input_fn=_name(train_spec.input_fn),  # noqa: SLF001
+        output_dir=estimator.model_dir,
+        train_steps=train_spec.max_steps or NO_LIMIT_STEPS,
+        save_checkpoint_steps=config.save_checkpoints_steps,
+        save_checkpoint_secs=config.save_checkpoints_secs or 600.0,
+        keep_checkpoint_max=config.keep_checkpoint_max or 5,
+        seed=config.tf_random_seed or 0, keep_exports=0,
+    ).validate(cluster.num_workers if cluster else None)
+
+
+def _name(fn) -> str:
+    """"module:qualname" of a function, as `--model` names one (a callable object: its type)."""
+    fn = getattr(fn, "func", fn)  # functools.partial
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{name}".replace("<locals>.", "").replace("<", "").replace(">", "")
+
+
+def _open_events(output_dir: str, task_name: str) -> None:
+    try:
+        events.open_log(output_dir, task_name)
+    except OSError as e:
+        logging.warning("%s: no events file in %s (%s)", task_name, output_dir, e.strerror)
+
+
+def _preemption(task_name: str):
+    """The process's `Preemption` (SIGTERM/SIGINT at a safe point): the one
+    `python -m lowlevel.estimator` made, else one made now (in the main thread)."""
+    from lowlevel.runtime import preemption
+    current = preemption.current() or preemption.Preemption(task_name)
+    current.task_name = task_name
+    return current
+
+
+def _evaluate(estimator, train_spec, eval_spec, evaluator_cls) -> None:
+    """The evaluator: each new checkpoint, throttled, until the one of max_steps."""
+    if eval_spec.start_delay_secs:
+        logging.info("Waiting %f secs before starting eval.", eval_spec.start_delay_secs)
+        time.sleep(eval_spec.start_delay_secs)
+    evaluator = evaluator_cls(estimator, eval_spec, train_spec.max_steps)
+    waited_since = time.monotonic()
+    while True:
+        started = time.monotonic()
+        metrics, _ = evaluator.evaluate_and_export()
+        if metrics is not None:
+            waited_since = time.monotonic()
+            step = int(metrics[tf.compat.v1.GraphKeys.GLOBAL_STEP])
+            if train_spec.max_steps and step >= train_spec.max_steps:
+                logging.info("Exiting evaluation, global_step=%s >= train max_steps=%s",
+                             step, train_spec.max_steps)
+                return None
+        elif time.monotonic() - waited_since > EVAL_TIMEOUT_SECS:
+            raise EvalTimeout(
+                f"evaluator: no new checkpoint in {estimator.model_dir} for "
+                f"{EVAL_TIMEOUT_SECS:g} s before the one of max_steps={train_spec.max_steps}: "
+                "is the chief running?")
+        delay = eval_spec.throttle_secs - (time.monotonic() - started)
+        if delay > 0:
+            logging.info("Waiting %f secs before starting next eval run.", delay)
+            time.sleep(delay)
+        else:
+            time.sleep(1.0 if metrics is None else 0.0)
