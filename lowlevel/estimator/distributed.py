@@ -61,6 +61,7 @@ def run(estimator, train_spec, eval_spec, evaluator_cls) -> None:
     if config.task_type == "evaluator":
         return _evaluate(estimator, train_spec, eval_spec, evaluator_cls)
     cluster, task = tf_config.from_tf_config(os.environ["TF_CONFIG"])
+    _show_runtime_lines()
     run_config = _train_config(estimator, train_spec, cluster)
     channels.use_channel_options()  # before the task's server makes its channels
     output_layout.ensure_writable(run_config.output_dir)
@@ -98,6 +99,14 @@ def _name(fn) -> str:
     return f"{module}:{name}".replace("<locals>.", "").replace("<", "").replace(">", "")
 
 
+def _show_runtime_lines() -> None:
+    """The runtime's log lines (absl, INFO: progress, faults, the end of training) are shown,
+    as the trainer shows them; TensorFlow's own logger keeps its single handler."""
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.INFO)
+    tf.get_logger().propagate = False  # else its lines reach absl's root handler twice
+
+
 def _open_events(output_dir: str, task_name: str) -> None:
     try:
         events.open_log(output_dir, task_name)
@@ -114,6 +123,21 @@ def _preemption(task_name: str):
     return current
 
 
+def _evaluate_once(evaluator):
+    """`evaluator.evaluate_and_export()`'s metrics; None (with a warning) when its checkpoint
+    was deleted under it (the chief keeps `keep_checkpoint_max`: a slow evaluation can lose
+    the race), as the built-in evaluator does (`runtime.evaluation`)."""
+    try:
+        return evaluator.evaluate_and_export()[0]
+    except (ValueError, tf.errors.OpError) as e:
+        path = evaluator.checkpoint
+        if path is None or tf.compat.v1.train.checkpoint_exists(path):
+            raise
+        logging.warning("evaluator: skipping %s, deleted meanwhile (keep_checkpoint_max): %s",
+                        os.path.basename(path), getattr(e, "message", e))
+        return None
+
+
 def _evaluate(estimator, train_spec, eval_spec, evaluator_cls) -> None:
     """The evaluator: each new checkpoint, throttled, until the one of max_steps."""
     if eval_spec.start_delay_secs:
@@ -123,7 +147,7 @@ def _evaluate(estimator, train_spec, eval_spec, evaluator_cls) -> None:
     waited_since = time.monotonic()
     while True:
         started = time.monotonic()
-        metrics, _ = evaluator.evaluate_and_export()
+        metrics = _evaluate_once(evaluator)
         if metrics is not None:
             waited_since = time.monotonic()
             step = int(metrics[tf.compat.v1.GraphKeys.GLOBAL_STEP])

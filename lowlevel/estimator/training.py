@@ -140,6 +140,7 @@ class _Evaluator:
         self._max_training_steps = max_training_steps
         self._previous_checkpoint = None
         self._last_warning_time = 0
+        self.checkpoint = None
 
     def _warn(self, message):
         if time.time() - self._last_warning_time > 600:
@@ -158,6 +159,7 @@ class _Evaluator:
                        "pass as evaluation results are expected to be same for the same "
                        "checkpoint.")
             return None, []
+        self.checkpoint = latest  # the one under evaluation (for a caller's error message)
         metrics = self._estimator.evaluate(
             input_fn=self._eval_spec.input_fn, steps=self._eval_spec.steps,
             name=self._eval_spec.name, checkpoint_path=latest, hooks=self._eval_spec.hooks)

@@ -29,7 +29,8 @@ class ProgressHook(v1.train.SessionRunHook):
       global_step: the global step variable.
       loss: float32 scalar tensor of the batch loss.
       examples_per_step: examples consumed per global step (batch size, times
-        replicas_to_aggregate in sync mode).
+        replicas_to_aggregate in sync mode); 0 if unknown (a model_fn's input with no
+        static batch size): the lines then give steps/s only.
       train_steps: the last step, for the "x/y" display.
       every_secs: seconds between lines.
       state: the loop's `LoopState`.
@@ -100,8 +101,9 @@ class ProgressHook(v1.train.SessionRunHook):
         elapsed = now - self._last_time
         steps_per_sec = (step - self._last_step) / elapsed if elapsed > 0 else 0.0
         examples_per_sec = steps_per_sec * self._examples_per_step
-        logging.info("step %d/%d | loss %.4f | %s examples/s | %.1f steps/s",
-                     step, self._train_steps, loss, f"{examples_per_sec:,.0f}", steps_per_sec)
+        rate = f"{examples_per_sec:,.0f} examples/s | " if self._examples_per_step else ""
+        logging.info("step %d/%d | loss %.4f | %s%.1f steps/s", step, self._train_steps, loss,
+                     rate, steps_per_sec)
         events.emit("progress", step, loss=loss, examples_per_sec=round(examples_per_sec, 1),
                     steps_per_sec=round(steps_per_sec, 2), train_steps=self._train_steps)
         if self._summary_dir and step > self._last_step:
