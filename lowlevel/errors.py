@@ -92,6 +92,12 @@ class NoReadableCheckpoint(RuntimeFailure):
     """`--output_dir` lists checkpoints but none of them can be read."""
 
 
+class ModelFnError(RuntimeFailure):
+    """A user's model_fn or input_fn failed, or returned what the Estimator contract does not
+    allow (`lowlevel.models.user.calling`): the message names the function; a restart runs the
+    same code."""
+
+
 class StorageFailure(RuntimeFailure):
     """`--max_checkpoint_failures` checkpoint saves in a row failed (`lowlevel.outputs.storage`):
     a restart would hit the same full or read-only disk."""

@@ -8,10 +8,12 @@ packages); the function is an attribute of it, dots allowed
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Callable
 
-from lowlevel.errors import UsageError
+from lowlevel import errors
+from lowlevel.errors import ModelFnError, UsageError
 
 
 def resolve(spec: str, flag: str) -> Callable:
@@ -43,3 +45,27 @@ def resolve(spec: str, flag: str) -> Callable:
     if not callable(found):
         raise UsageError(f"{flag}={spec}: {attr} is a {type(found).__name__}, not a function")
     return found
+
+
+def name(fn) -> str:
+    """"package.module:function" of `fn`, as `--model` names one (a `functools.partial`: its
+    function; a callable object: its type)."""
+    fn = getattr(fn, "func", fn)
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{qualname}".replace("<locals>.", "")
+
+
+@contextlib.contextmanager
+def calling(what: str, fn):
+    """Within the block, an exception from the user's `fn` (its `what`: "model_fn",
+    "input_fn") becomes one `ModelFnError` line naming it; the original is its cause
+    (`--verbosity=1` prints its traceback). Errors of lowlevel's own pass unchanged."""
+    try:
+        yield
+    except (errors.RuntimeFailure, errors.UsageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs
+        message = getattr(e, "message", None) or str(e)
+        first = message.strip().splitlines()[0] if message.strip() else type(e).__name__
+        raise ModelFnError(f"{what} {name(fn)}: {type(e).__name__}: {first}") from e

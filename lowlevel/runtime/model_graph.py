@@ -30,11 +30,13 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
+from lowlevel import errors
 from lowlevel.cluster import probes
 from lowlevel.cluster.spec import PS, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.models import input_fns
 from lowlevel.models import spec as spec_lib
+from lowlevel.models import user
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.modes import exact, optimizer_capture
@@ -71,11 +73,10 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             replicas = config.replicas_to_aggregate or num_workers
             made = _StepMaker(config, cluster, task, global_step, sync, replicas, num_workers)
             with optimizer_capture.capture(global_step, made.update, made.sync_hook) as cap:
-                spec = spec_lib.call_model_fn(model.model_fn, features, labels, TRAIN,
-                                              model.params, model.run_config)
+                spec = _call_model_fn(model, features, labels)
             if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
                 warm_start_lib.warm_start(model.warm_start)
-            step = _step_value(spec, cap, global_step, config.train_steps, cluster)
+            step = _step_value(spec, cap, global_step, config.train_steps, cluster, model)
         return _assemble(config, model, cluster, task, graph, spec, step, global_step, made,
                          cap, input_hooks, _batch_size(labels, features), preempted)
 
@@ -87,8 +88,16 @@ def _seed(config: TrainConfig, model: ModelFnModel) -> int:
 
 def _train_input(model: ModelFnModel):
     """(features, labels, input hooks) of the training input_fn, in the current graph."""
-    result = input_fns.call_input_fn(model.input_fn, TRAIN, model.params, model.run_config)
-    return input_fns.features_and_labels(result)
+    with user.calling("input_fn", model.input_fn):
+        result = input_fns.call_input_fn(model.input_fn, TRAIN, model.params, model.run_config)
+        return input_fns.features_and_labels(result)
+
+
+def _call_model_fn(model: ModelFnModel, features, labels):
+    """The model_fn's TRAIN `EstimatorSpec` (a failure: one line naming it, `user.calling`)."""
+    with user.calling("model_fn", model.model_fn):
+        return spec_lib.call_model_fn(model.model_fn, features, labels, TRAIN, model.params,
+                                      model.run_config)
 
 
 def _device(config: TrainConfig, model: ModelFnModel, cluster: Cluster, task: Task,
@@ -98,8 +107,7 @@ def _device(config: TrainConfig, model: ModelFnModel, cluster: Cluster, task: Ta
     def probe():
         v1.train.get_or_create_global_step()
         features, labels, _ = _train_input(model)
-        spec_lib.call_model_fn(model.model_fn, features, labels, TRAIN, model.params,
-                               model.run_config)
+        _call_model_fn(model, features, labels)
 
     sizes, tables = placement.measure(probe)
     return placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
@@ -143,7 +151,7 @@ class _StepMaker:
         return probes.silent_tasks(self._cluster, waited_on)
 
 
-def _step_value(spec, cap, global_step, last_step: int, cluster):
+def _step_value(spec, cap, global_step, last_step: int, cluster, model: ModelFnModel):
     """int64 scalar: the global step after a run of the model's step.
 
     The captured step's own value when the runtime made it; after a
@@ -156,6 +164,11 @@ def _step_value(spec, cap, global_step, last_step: int, cluster):
     if cap.sync_optimizer is not None and isinstance(train_op, tf.Tensor) and \
             train_op.dtype.base_dtype == tf.int64:
         return tf.identity(train_op)
+    if not _writes(train_op, global_step):
+        raise errors.ModelFnError(
+            f"model_fn {user.name(model.model_fn)}: its train_op does not increment the global "
+            "step, so the run would never end: pass global_step=tf.compat.v1.train."
+            "get_global_step() to the optimizer's minimize (or apply_gradients)")
     if cluster is not None and cluster.num_workers != 1:
         logging.warning(
             "the model_fn's train_op does not apply a tf.compat.v1.train.Optimizer with the "
@@ -165,20 +178,33 @@ def _step_value(spec, cap, global_step, last_step: int, cluster):
         return global_step.read_value()
 
 
-def _depends_on(train_op, tensor) -> bool:
-    """Whether running `train_op` runs `tensor`'s op (`tensor` is among its inputs' ancestry)."""
-    target, seen = tensor.op, set()
-    stack = [train_op.op if isinstance(train_op, tf.Tensor) else train_op]
+def _ancestors(train_op):
+    """Every op running `train_op` runs (its inputs' and control inputs' ancestry)."""
+    seen, stack = set(), [train_op.op if isinstance(train_op, tf.Tensor) else train_op]
     while stack:
         op = stack.pop()
-        if op is target:
-            return True
         if op in seen:
             continue
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
-    return False
+    return seen
+
+
+def _depends_on(train_op, tensor) -> bool:
+    """Whether running `train_op` runs `tensor`'s op."""
+    return tensor.op in _ancestors(train_op)
+
+
+# Ops that write a resource variable in place: one of them on global_step's handle moves it.
+_WRITES = ("AssignAddVariableOp", "AssignVariableOp", "ResourceCountUpTo", "AssignSubVariableOp")
+
+
+def _writes(train_op, global_step) -> bool:
+    """Whether running `train_op` writes `global_step` (a graph walk, before anything runs)."""
+    handle = global_step.handle.op
+    return any(op.type in _WRITES and op.inputs and op.inputs[0].op is handle
+               for op in _ancestors(train_op))
 
 
 def _after(train_op, step):
