@@ -302,6 +302,25 @@ def _images():
     return {"default": FLAGS.image, CHIEF: gpu, WORKER: gpu}
 
 
+def check_trainer_flags(extra: list[str]) -> None:
+    """Checks the trainer flags given after `--` as every task will (`config.from_flags`), so a
+    bad value is one line here, not a crash loop of every pod.
+
+    Raises:
+      UsageError: an unknown flag, or a value the trainer refuses.
+    """
+    from absl import flags as absl_flags
+
+    from lowlevel import config as config_lib
+    trainer = absl_flags.FlagValues()
+    cli.define_trainer_flags(trainer)
+    try:
+        trainer(["trainer", *extra])
+    except absl_flags.Error as e:
+        raise UsageError(f"after --: {e}") from None
+    config_lib.from_flags(trainer, None)
+
+
 def main(argv) -> int:
     """Prints every task's TF_CONFIG and command, or the Kubernetes manifests; returns 0."""
     extra = argv[1:]
@@ -312,6 +331,7 @@ def main(argv) -> int:
         if arg.split("=")[0] in ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts",
                                  "--schedule"):
             raise UsageError(f"{arg}: set by TF_CONFIG and this tool; drop it")
+    check_trainer_flags(extra)
     if FLAGS.format in ("tfjob", "k8s"):
         docs = kubernetes_docs(extra)
         sys.stderr.write(f"# {FLAGS.format}: {len(docs)} documents for run {FLAGS.name} in "

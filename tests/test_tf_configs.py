@@ -41,6 +41,10 @@ def test_json_lists_every_task_with_a_tf_config_the_trainer_accepts():
     (["--workers=127.0.0.1", "--ps=127.0.0.1:1"], "--workers: '127.0.0.1' is not host:port"),
     (["--workers=127.0.0.1:2", "--ps=127.0.0.1:1", "--evaluator"], "needs --output_dir"),
     (["--workers=127.0.0.1:2", "--ps=127.0.0.1:1", "--", "--job_name=ps"], "drop it"),
+    (["--workers=127.0.0.1:2", "--ps=127.0.0.1:1", "--", "--no_such_flag=1"],
+     "after --: Unknown command line flag 'no_such_flag'"),
+    (["--workers=127.0.0.1:2", "--ps=127.0.0.1:1", "--",
+      "--model=tests.user_models.digits:model_fn"], "needs --input_fn=package.module:function"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     result = _make(*args)
@@ -98,3 +102,28 @@ def test_every_printed_line_starts_a_working_cluster(ports, tmp_path, layout):
     else:
         assert metrics["global_step"] == 600 and not metrics["sync"]
         assert (metrics["num_workers"], metrics["num_ps"]) == (3, 2)
+
+
+USER_MODEL = ["--model=tests.user_models.digits:model_fn",
+              "--input_fn=tests.user_models.digits:input_fn", '--params={"hidden_units": [32]}']
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fmt", ["tfjob", "k8s"])
+def test_a_users_model_fn_reaches_every_training_pod_of_the_manifests(fmt):
+    """The Kubernetes generator runs a user's model_fn as it runs a built-in model: its flags
+    go to every pod's trainer command, the evaluator's too (the image must hold the code)."""
+    import yaml
+    result = _make(f"--format={fmt}", "--name=mine", "--image=registry.example/mine:1",
+                   "--output_dir=/output", "--pvc=shared", "--evaluator", "--", *USER_MODEL)
+    assert result.returncode == 0, result.stderr[-2000:]
+    commands = []
+    for doc in yaml.safe_load_all(result.stdout):
+        specs = ([r["template"]["spec"] for r in doc["spec"]["tfReplicaSpecs"].values()]
+                 if doc["kind"] == "TFJob" else
+                 [doc["spec"]["template"]["spec"]] if doc["kind"] == "Job" else [])
+        commands += [c.get("command", []) + c.get("args", []) for s in specs
+                     for c in s["containers"]]
+    assert len(commands) >= 3  # the training replicas, ps, evaluator
+    for argv in commands:
+        assert all(flag in argv for flag in USER_MODEL), argv
