@@ -81,7 +81,7 @@ def test_watch_retries_until_the_run_completes_and_clears_the_outage():
 
     assert watch.run(run) == 7
     assert calls == [5000, 5000, 5000]
-    assert watch._since is None
+    assert watch.outage.since is None
 
 
 def test_watch_gives_up_past_the_limit_naming_who_does_not_answer(monkeypatch):
