@@ -78,8 +78,13 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         with g.graph.as_default():
             partial = checkpoints.PartialRestore(path, g.saved,
                                                  checkpoints.missing_names(path, g.saved))
+    # The task's one outage clock (`faults.Outage`): its runs' deadlines, a lost session's
+    # replacement and the waits on the way all count against it.
+    outage = (faults.Outage(task.name, faults.peers_of(cluster, task, config.sync),
+                            config.fault_timeout_secs) if cluster else None)
     with g.graph.as_default():
-        creator = _session_creator(config, cluster, task, g, server, session_config, partial)
+        creator = _session_creator(config, cluster, task, g, server, session_config, partial,
+                                   outage)
         logging.info("%s: graph built in %.1f s; creating session", task.name,
                      time.monotonic() - started)
         try:
@@ -109,8 +114,9 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                     _emergency_save(sess, g, config.output_dir) if task.is_chief else None)
             watch = None
             if cluster:
-                watch = faults.FaultWatch(task.name, faults.peers_of(cluster, task, config.sync),
-                                          config.step_timeout_secs, config.fault_timeout_secs)
+                watch = faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
+                                          config.fault_timeout_secs, outage=outage)
+                outage.watchdog()
             loop.run(sess, g, config.train_steps, preempted, watch)
             logging.info("%s: %s; closing the session", task.name,
                          "stopping for the preemption" if preempted.is_set()
@@ -157,13 +163,21 @@ def train(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
 
 def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task,
                      g: TrainGraph, server, session_config,
-                     partial: Optional[checkpoints.PartialRestore] = None):
+                     partial: Optional[checkpoints.PartialRestore] = None,
+                     outage: Optional[faults.Outage] = None):
     """The chief's or a worker's session creator (`sessions`), bound to the cluster's probes.
+
+    Before each session it waits until every ps answers (`probes.wait_for_ps`
+    with `answer`: a frozen ps's kernel still accepts connections). The first
+    session is bounded by `--startup_timeout_secs`; one that replaces a lost
+    session begins the task's outage (`outage.begin`: at the start of the run
+    that failed) and every wait for it counts against `--fault_timeout_secs`,
+    the session's creation included (`faults.abandonable`).
 
     `partial`: the chief's restore of a checkpoint that lacks some optimizer state.
     """
     master = server.target if server else ""
-    wait_for_cluster = cluster_alive = None
+    wait_for_cluster = cluster_alive = guard = None
     if cluster and session_config is not None:
         # The deadline of every run that has none of its own: the hooks' (a
         # checkpoint save, the final evaluation) and the session's set-up. The
@@ -175,28 +189,55 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
             return all(probes.reachable(a, 0.1) for a in cluster.ps_hosts)
 
         calls = []
+        # The first session's creation may wait for the chief's model for
+        # --startup_timeout_secs itself (`WorkerSessionCreator`); past that, and the
+        # margin, it is stuck (a ps frozen during start-up).
+        first_limit_secs = config.startup_timeout_secs + 60.0
+        first_deadline = []
 
         def wait_for_cluster():
-            give_up = None
+            finished = None
             if not task.is_chief and config.output_dir:
-                def give_up():
+                def finished():
                     checkpoints.check_finished(config.output_dir, config.train_steps)
             calls.append(None)
             if len(calls) == 1:
-                probes.wait_for_ps(cluster, config.startup_timeout_secs, give_up=give_up)
-            else:  # a session lost mid-run: the outage is bounded like any other fault
-                probes.wait_for_ps(cluster, config.fault_timeout_secs, give_up=give_up,
-                                   flag="--fault_timeout_secs")
+                probes.wait_for_ps(cluster, config.startup_timeout_secs, give_up=finished,
+                                   answer=True)
+                first_deadline[:] = [time.monotonic() + first_limit_secs]
+                return
+            # A session lost mid-run: the outage is bounded like any other fault.
+            outage.begin()
+            logging.warning("%s: session lost (a task failed or stopped answering); making a "
+                            "new one (giving up %.0f s into the outage, --fault_timeout_secs)",
+                            task.name, config.fault_timeout_secs)
+
+            def give_up():
+                if finished is not None:
+                    finished()
+                outage.check()
+            probes.wait_for_ps(cluster, config.fault_timeout_secs, give_up=give_up,
+                               flag="--fault_timeout_secs", answer=True)
+
+        def guard():
+            if len(calls) > 1:
+                outage.check()
+            elif first_deadline and time.monotonic() > first_deadline[0]:
+                silent = outage.not_answering()
+                raise probes.StartupError(
+                    f"{task.name}: the session was not created within {first_limit_secs:g} s "
+                    f"of the ps tasks answering (--startup_timeout_secs + 60 s); "
+                    f"{outage.who(silent)}")
 
     if task.is_chief:
         creator = sessions.ChiefSessionCreator(g.scaffold, master, session_config,
                                                config.output_dir, wait_for_cluster,
-                                               cluster_alive, partial)
+                                               cluster_alive, partial, guard)
         creator.retry_secs = config.fault_timeout_secs
         return creator
     return sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                          config.startup_timeout_secs, wait_for_cluster,
-                                         cluster_alive)
+                                         cluster_alive, guard)
 
 
 def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):
