@@ -11,12 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import checkpoints, export, files, models
+from lowlevel import checkpoints, export, faults, files, models
 from lowlevel import data as data_lib
 from lowlevel.config import TrainConfig
 from lowlevel.exit_codes import TransientFailure
@@ -116,6 +117,33 @@ class FinalEvalHook(v1.train.SessionRunHook):
             self.result = evaluate(session, self._ops)
 
 
+class StorageTimeout(TransientFailure):
+    """A read or write in `--output_dir` did not complete in time (storage that stopped
+    answering).
+
+    Retryable (exit status 200): a restarted evaluator reads the same files again.
+    """
+
+
+def _bounded_io(io, what: str, limit_secs: float, doing: str, flag: str):
+    """`io()`, abandoned (`faults.abandonable`) after `limit_secs` with `StorageTimeout`.
+
+    A read or write on a network file system whose server stopped answering
+    blocks in the kernel with no deadline (a hard NFS mount: forever); the
+    evaluator then exits 200 naming what it was doing instead of hanging.
+    """
+    deadline = time.monotonic() + limit_secs
+
+    def guard():
+        if time.monotonic() >= deadline:
+            logging.error("evaluator: %s %s did not complete within %g s (%s)", doing, what,
+                          limit_secs, flag)
+            raise StorageTimeout(
+                f"evaluator: {doing} {what} did not complete within {limit_secs:g} s ({flag}): "
+                "is the storage under --output_dir answering?")
+    return faults.abandonable(io, guard, "checkpoint_io")
+
+
 class EvalTimeout(TransientFailure):
     """No new checkpoint appeared within `eval_timeout_secs` before the final one.
 
@@ -143,11 +171,17 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     With `config.export_every_checkpoint` it also exports each checkpoint as
     a SavedModel (`lowlevel.export`).
 
+    Every read and write of `config.output_dir` is bounded: a checkpoint's
+    restore, the evaluation's writes and an export by `config.fault_timeout_secs`,
+    the wait for the next checkpoint by `config.eval_timeout_secs` +
+    `config.fault_timeout_secs` (`_bounded_io`).
+
     Returns:
       The record of the checkpoint whose global_step is >= `config.train_steps`.
 
     Raises:
       EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
+      StorageTimeout: a read or write in `config.output_dir` did not complete in time.
       checkpoints.CheckpointMismatch: a checkpoint of another model.
     """
     split_name = "train" if on_train_data else "test"
@@ -169,12 +203,23 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     try:
         with v1.Session(graph=graph, config=session_config) as sess:
-            for path in v1.train.checkpoints_iterator(config.output_dir,
-                                                      timeout=config.eval_timeout_secs):
+            found = v1.train.checkpoints_iterator(config.output_dir,
+                                                  timeout=config.eval_timeout_secs)
+            # I/O on storage that stops answering (a hung network file system) blocks
+            # with no deadline: each is bounded (`_bounded_io`).
+            wait_secs = config.eval_timeout_secs + config.fault_timeout_secs
+            while True:
+                path = _bounded_io(lambda: next(found, None), config.output_dir, wait_secs,
+                                   "waiting for a checkpoint in",
+                                   "--eval_timeout_secs + --fault_timeout_secs")
+                if path is None:
+                    break
                 try:
-                    checkpoints.check_compatible(config.output_dir, variables, path)
-                    saver.restore(sess, path)
-                except checkpoints.CheckpointMismatch:
+                    _bounded_io(lambda: _restore(saver, sess, config.output_dir, variables,
+                                                 path),
+                                path, config.fault_timeout_secs, "reading",
+                                "--fault_timeout_secs")
+                except (checkpoints.CheckpointMismatch, StorageTimeout):
                     raise
                 except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
                     logging.warning("evaluator: skipping %s, which is gone or unreadable "
@@ -184,25 +229,41 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
                 step = int(sess.run(global_step))
                 record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
                               checkpoint=os.path.basename(path))
-                writer.add_summary(v1.Summary(value=[
-                    v1.Summary.Value(tag=tag, simple_value=record[tag])
-                    for tag in ("loss", "accuracy", "auc", "log_loss")
-                    if record.get(tag) is not None]), step)
-                writer.flush()
                 records = [r for r in records if r["global_step"] != step] + [record]
-                _write_records(records_path, records)
+                _bounded_io(lambda: _write(writer, record, records_path, records), eval_dir,
+                            config.fault_timeout_secs, "writing the evaluation to",
+                            "--fault_timeout_secs")
                 logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
                              split_name, record["accuracy"], record["loss"],
                              f" | auc {record['auc']:.4f}" if record.get("auc") else "")
                 if config.export_every_checkpoint and config.keep_exports:
-                    _export(path, config, data)
+                    _bounded_io(lambda: _export(path, config, data), path,
+                                config.fault_timeout_secs, "exporting", "--fault_timeout_secs")
                 if step >= config.train_steps:
                     return record
     finally:
-        writer.close()
+        _bounded_io(writer.close, eval_dir, config.fault_timeout_secs,
+                    "closing the summaries in", "--fault_timeout_secs")
     raise EvalTimeout(f"evaluator: no new checkpoint in {config.output_dir} for "
                       f"{config.eval_timeout_secs:g} s (--eval_timeout_secs) before the one of "
                       f"global step {config.train_steps}: is the chief running?")
+
+
+def _restore(saver, sess, output_dir: str, variables, path: str) -> None:
+    """Checks that checkpoint `path` is of this model, then restores it into `sess`."""
+    checkpoints.check_compatible(output_dir, variables, path)
+    saver.restore(sess, path)
+
+
+def _write(writer, record: dict, records_path: str, records: list) -> None:
+    """Writes `record`'s summaries and every record so far (`eval_metrics.json`)."""
+    step = record["global_step"]
+    writer.add_summary(v1.Summary(value=[
+        v1.Summary.Value(tag=tag, simple_value=record[tag])
+        for tag in ("loss", "accuracy", "auc", "log_loss") if record.get(tag) is not None]),
+        step)
+    writer.flush()
+    _write_records(records_path, records)
 
 
 def _export(path: str, config: TrainConfig, data: data_lib.DataSet) -> None:
