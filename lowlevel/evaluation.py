@@ -250,7 +250,19 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
 
 
 def _restore(saver, sess, output_dir: str, variables, path: str) -> None:
-    """Checks that checkpoint `path` is of this model, then restores it into `sess`."""
+    """Checks that checkpoint `path` is of this model, then restores it into `sess`.
+
+    TensorFlow's checkpoint reader (`check_compatible`) holds Python's GIL while
+    it opens the index: blocked there on storage that stopped answering, it would
+    stop every thread of the process, the one bounding it too. So the index is
+    read first through `tf.io.gfile`, which lets go of the GIL: a hang shows
+    there (measured: a FIFO as the index, tests/test_storage.py); the reader then
+    finds it in the page cache.
+    """
+    index = path + ".index"
+    if tf.io.gfile.exists(index):
+        with tf.io.gfile.GFile(index, "rb") as f:
+            f.read()
     checkpoints.check_compatible(output_dir, variables, path)
     saver.restore(sess, path)
 

@@ -285,6 +285,11 @@ def abandonable(make: Callable, guard: Optional[Callable[[], None]] = None,
     session's creation against a frozen ps, a read from storage that hangs), made by a task
     that is about to exit. The thread makes its call in this thread's default graph.
     Without `guard`, `make()` runs here.
+
+    The call must let go of Python's GIL while it blocks, or no thread runs, this
+    one included: TensorFlow's session calls (create, run, close) and `tf.io.gfile`
+    do; its `CheckpointReader` does not (measured: blocked opening a FIFO, it
+    stopped every thread).
     """
     if guard is None:
         return make()
