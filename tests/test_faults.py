@@ -194,3 +194,30 @@ def test_answering_probes_every_address_together_within_its_bound():
     finally:
         frozen.close()
         live.close()
+
+
+WATCHDOG_SCRIPT = """
+import time
+from lowlevel import faults
+outage = faults.Outage("worker1", [], 1.0)
+outage.begin()
+outage.watchdog(poll_secs=0.1, grace_secs=0.5)
+time.sleep(60)  # the main thread stuck in a call with no deadline (it lets go of the GIL)
+"""
+
+
+@pytest.mark.cluster  # a process of its own (TensorFlow's import: seconds)
+@pytest.mark.timeout(120)
+def test_the_watchdog_ends_a_task_stuck_past_the_limit_with_200_and_its_line():
+    import subprocess
+    import sys
+
+    import clusters
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", WATCHDOG_SCRIPT], cwd=clusters.ROOT,
+                            env=clusters.ENV, capture_output=True, text=True, timeout=100)
+    assert result.returncode == 200, result.stderr[-2000:]
+    assert time.monotonic() - started < 50  # not the 60 s sleep
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("lowlevel.trainer: error: worker1: no step completed for ") and \
+        "(exit status 200; retryable: restart this task)" in last, last
