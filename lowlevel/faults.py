@@ -26,7 +26,7 @@ against a frozen ps: `LocalMaster::CreateSession` keeps waiting after its own
 deadline, "we must still wait for the call to complete"); so does
 `LocalMaster::CloseSession`. So every path counts against one `Outage` clock,
 the task's: the deadline, a lost session, its close, the new session's
-creation (run in a thread the task can abandon, `sessions`), the probes. It
+creation (run in a thread the task can abandon, `abandonable`), the probes. It
 starts with the run that first failed or timed out, and once it has run
 `--fault_timeout_secs` the task raises `NetworkFault` (exit status 200,
 retryable) naming the tasks that do not answer, whatever call it is in: where
@@ -104,7 +104,7 @@ class Outage:
 
     def begin(self, at: Optional[float] = None, what: Optional[str] = None) -> None:
         """Starts the outage clock unless it runs already: at `at`, else at the start of the
-        run under way, else now. `what` names what cannot complete ("step", "new session")."""
+        run under way, else now. `what` names what cannot complete ("step", "exchange")."""
         with self._lock:
             if self._since is None:
                 self._since = next(t for t in (at, self.run_started, self._clock())
