@@ -344,7 +344,7 @@ def inject_network(seg: NetSegment, rng: random.Random, faults: list, window: Wi
     """Freezes (SIGSTOP, then SIGCONT) or cuts off (link down, then up) random tasks of
     `seg`, one fault at a time, until it ends or the window closes."""
     names = list(seg.hosts.namespaces)
-    rng.shuffle(names)
+    random.Random(FLAGS.seed).shuffle(names)  # the same order in every segment
     # The long faults' targets: the ps tasks first (a frozen ps is the case that hung
     # every worker, issue 28), then the workers.
     long_names = sorted(names, key=lambda n: not n.startswith("ps"))
