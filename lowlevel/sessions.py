@@ -19,9 +19,11 @@
   (`faults.abandonable`), calling their `guard` while it runs: a new
   session's first run creates the master session, whose device scan waits for
   every ps with no deadline (a frozen ps: forever, "CreateSession still
-  waiting for response from worker"; `lowlevel.faults`). The guard raises to
-  give up (past `--fault_timeout_secs` of the task's outage, or the start-up
-  limit); the thread is left blocked and the task exits with status 200.
+  waiting for response from worker"; `lowlevel.faults`), and the close of a
+  session not ready yet (`SessionManager` polls with a new session each time)
+  waits the same way. The guard raises to give up (past
+  `--fault_timeout_secs` of the task's outage, or the start-up limit); the
+  thread is left blocked and the task exits with status 200.
 - `live_session`: the one way into a `MonitoredSession`'s private state.
 
 Every session that replaces a lost one is announced as events
