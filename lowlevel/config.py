@@ -206,13 +206,24 @@ class TrainConfig:
         "back).")
     step_timeout_secs: float = _seconds(
         60.0, "Deadline of each session.run of the training loop (a step, a claim, an "
-        "exchange). A run past it (a ps frozen or cut off by a partition: no error, just "
-        "silence) is reported with the tasks that do not answer, and run again.")
+        "exchange; every other run of the training session too: checkpoint saves, the "
+        "final evaluation). A run past it (a ps frozen or cut off by a partition: no error, "
+        "just silence) is reported with the tasks that do not answer, and run again. 60 s: "
+        "a frozen peer is named within a minute, and a slow but healthy run (a large "
+        "checkpoint save, a sync step waiting for a slow worker) has room. It is what "
+        "notices a frozen ps first: gRPC's keepalive (cluster.channels.GRPC_KEEPALIVE) failed a run "
+        "against one only ~65 s after the freeze (measured); a partition fails it within "
+        "~10 s (UnavailableError), before the deadline.")
     fault_timeout_secs: float = _seconds(
-        90.0, "How long a training task keeps retrying while its peers (the ps tasks, the "
-        "chief; sync: the other workers) do not answer, before it gives up with exit "
-        "status 200 (retryable), naming them. Also bounds each session recovery's wait "
-        "for the ps tasks.")
+        90.0, "How long an outage may last before a training task gives up with exit "
+        "status 200 (retryable), naming the peers that do not answer (the ps tasks, the "
+        "chief; sync: the other workers). Counted from the start of the run that first "
+        "timed out or failed, over every path out of it: the deadline's retries, a session "
+        "lost to UnavailableError, its close, the wait for the ps tasks and the new "
+        "session's creation. 90 s: 30 s past the step deadline's notice, room for a ps "
+        "restarted by a cluster manager; a ps frozen or cut off for good ends every worker "
+        "~92 s after the fault (measured), well within three minutes. An evaluator: the "
+        "bound of each read or write in --output_dir.")
     communication_period: int = _field(
         1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
         "or model averaging (--sync); K times fewer bytes per step; see "

@@ -18,7 +18,7 @@ exits 128 + N), and a Job's `podFailurePolicy` can say the same. So:
 | 1 (`FAILURE`) | permanent failure: a checkpoint of another model in `--output_dir`, data that is missing or unreadable, no readable checkpoint, a bug | no: the same command fails the same way |
 | 2 (`USAGE`) | usage error: a bad flag or `TF_CONFIG` | no: fix the command line |
 | 128 + N (`signal_status(N)`) | stopped by signal N at a safe point (SIGTERM: 143, SIGINT: 130), the chief after its checkpoint; a SIGKILL shows as 137 in Kubernetes (`-9` in `subprocess.Popen`) | yes |
-| 200 (`TRANSIENT`) | a failure a restart can fix: a peer that did not answer within `--startup_timeout_secs` (mid-run: for `--fault_timeout_secs`), a host name that never resolved, a session lost to the cluster beyond recovery, an evaluator that saw no new checkpoint within `--eval_timeout_secs` | yes |
+| 200 (`TRANSIENT`) | a failure a restart can fix: a peer that did not answer within `--startup_timeout_secs` (mid-run: for `--fault_timeout_secs`), a host name that never resolved, a session lost to the cluster beyond recovery, an evaluator that saw no new checkpoint within `--eval_timeout_secs` (or whose read of `--output_dir` hung for `--fault_timeout_secs`) | yes |
 
 200 is above every signal number Linux has (at most 64, so 128 + N <= 192),
 so it never reads as "killed by a signal".
@@ -138,6 +138,12 @@ class TrainingFinished(Exception):
     def __init__(self, path: str, step: int):
         super().__init__(f"checkpoint {os.path.basename(path)} is at global step {step}")
         self.path, self.step = path, step
+
+
+class StorageTimeout(TransientFailure):
+    """A read or write in `--output_dir` did not complete in time (storage that stopped
+    answering: a hung network file system; `lowlevel.runtime.evaluation`). A restarted task
+    reads the same files again."""
 
 
 class NoLiveSession(Exception):

@@ -38,12 +38,14 @@ and, per event (fields after the colon):
   the end of training). Written only if the events file can still be
   written (a full disk may have room for a line, not for a checkpoint).
 - `fault_noticed`: a session was lost (a task failed), an exchange with the
-  ps failed, a run passed `--step_timeout_secs` (`lowlevel.runtime.faults`), or a sync
-  step waited `--sync_timeout_secs`: `error` (str), `missing` (sync and
-  timed-out runs: list of "name at host:port" that do not answer),
-  `waited_secs` (timed-out runs: the outage so far, float seconds).
-- `fault_cleared`: a run completed after runs that passed their deadline:
-  `outage_secs` (float).
+  ps failed, a run passed `--step_timeout_secs` (`lowlevel.runtime.faults`), a sync
+  step waited `--sync_timeout_secs`, or the task gives up after
+  `--fault_timeout_secs` (`error` ends with "giving up"): `error` (str),
+  `missing` (sync, timed-out runs and the give-up: list of "name at
+  host:port" that do not answer), `waited_secs` (timed-out runs and the
+  give-up: the outage so far, float seconds).
+- `fault_cleared`: a run completed after an outage (runs that passed their
+  deadline, or a lost session replaced): `outage_secs` (float).
 - `recovered`: a new session replaced one lost to a fault: `origin`,
   `restored_step`, as for `session_ready`.
 - `preempted`: SIGTERM or SIGINT: `signal` ("SIGTERM"/"SIGINT"),

@@ -107,7 +107,7 @@ def test_the_chief_killed_mid_run_and_restarted_resumes_to_the_exact_final_step(
     procs["chief0"] = _start("chief", 0, spec, model_dir, tmp_path, "--max_steps=6000",
                              "--save_checkpoints_steps=500")
     done = clusters.wait_all(procs, 240)
-    logs = _check_finished(model_dir, tmp_path, done, 6000)
+    _check_finished(model_dir, tmp_path, done, 6000)
     assert killed_at is not None
     origins = [r["origin"] for r in clusters.task_events(model_dir, "chief0", "session_ready")]
     assert origins[-1] in ("adopted", "restored"), origins

@@ -2,6 +2,7 @@
 
 import socket
 import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -83,7 +84,7 @@ def test_watch_retries_until_the_run_completes_and_clears_the_outage():
 
     assert watch.run(run) == 7
     assert calls == [5000, 5000, 5000]
-    assert watch._since is None
+    assert watch.outage.since is None
 
 
 def test_watch_gives_up_past_the_limit_naming_who_does_not_answer(monkeypatch):
@@ -111,3 +112,114 @@ def test_other_errors_pass_through():
     with pytest.raises(tf.errors.UnavailableError):
         watch.run(lambda options: (_ for _ in ()).throw(
             tf.errors.UnavailableError(None, None, "gone")))
+
+
+def test_a_retry_deadline_is_what_is_left_of_the_outage_and_it_gives_up_at_the_limit():
+    clock = Clock()
+    watch = faults.FaultWatch("worker1", [], 5.0, 12.0, clock)
+    deadlines = []
+
+    def run(options):  # a silent peer: every run waits its whole deadline
+        deadlines.append(options.timeout_in_ms)
+        clock.now += options.timeout_in_ms / 1000
+        raise deadline()
+
+    with pytest.raises(errors.NetworkFault, match=r"no step completed for 12 s"):
+        watch.run(run)
+    assert deadlines == [5000, 5000, 2000]  # the outage began with the first run, at 100
+
+
+def test_a_lost_session_begins_the_outage_at_the_start_of_the_run_that_failed():
+    clock = Clock()
+    outage = faults.Outage("worker0", [], 30.0, clock)
+    watch = faults.FaultWatch("worker0", [], 60.0, 30.0, clock, outage=outage)
+
+    def run(options):  # fails 20 s in; the session's replacement begins the outage
+        clock.now += 20.0
+        outage.begin()
+        assert outage.since == 100.0 and outage.remaining() == 10.0
+        clock.now += 10.0
+        outage.check()  # the replacement's wait, at the limit
+
+    with pytest.raises(errors.NetworkFault, match=r"worker0: no step completed for 30 s"):
+        watch.run(run)
+    assert outage.run_started is None
+
+
+def test_a_completed_run_ends_the_outage_whoever_began_it():
+    clock = Clock()
+    outage = faults.Outage("worker0", [], 30.0, clock)
+    watch = faults.FaultWatch("worker0", [], 60.0, 30.0, clock, outage=outage)
+    outage.begin()
+    clock.now += 29.0
+    assert watch.run(lambda options: 3) == 3
+    assert outage.since is None and outage.remaining() == float("inf")
+    clock.now += 100.0
+    outage.check()  # no outage: nothing to give up on
+
+
+def test_abandonable_returns_raises_and_abandons_a_call_that_does_not_return():
+    assert faults.abandonable(lambda: 5, lambda: None) == 5
+    with pytest.raises(KeyError):
+        faults.abandonable(lambda: {}["missing"], lambda: None)
+    release = threading.Event()
+    limit = time.monotonic() + 0.5
+
+    def guard():
+        if time.monotonic() > limit:
+            raise errors.NetworkFault("gave up")
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(errors.NetworkFault, match="gave up"):
+            faults.abandonable(release.wait, guard, "blocked")
+        assert time.monotonic() - started < 2.0
+        assert [t for t in threading.enumerate() if t.name == "blocked"]  # left running
+    finally:
+        release.set()
+
+
+def test_abandonable_makes_its_call_in_the_callers_graph():
+    graph = tf.Graph()
+    with graph.as_default():
+        assert faults.abandonable(tf.compat.v1.get_default_graph, lambda: None) is graph
+
+
+def test_answering_probes_every_address_together_within_its_bound():
+    frozen, frozen_addr = listener(None)
+    live, live_addr = listener(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    try:
+        started = time.monotonic()
+        result = probes.answering([frozen_addr, live_addr, frozen_addr], 0.5)
+        assert time.monotonic() - started < 1.5  # not one bound per address
+        assert result == {frozen_addr: False, live_addr: True}
+    finally:
+        frozen.close()
+        live.close()
+
+
+WATCHDOG_SCRIPT = """
+import time
+from lowlevel.runtime import faults
+outage = faults.Outage("worker1", [], 1.0)
+outage.begin()
+outage.watchdog(poll_secs=0.1, grace_secs=0.5)
+time.sleep(60)  # the main thread stuck in a call with no deadline (it lets go of the GIL)
+"""
+
+
+@pytest.mark.cluster  # a process of its own (TensorFlow's import: seconds)
+@pytest.mark.timeout(120)
+def test_the_watchdog_ends_a_task_stuck_past_the_limit_with_200_and_its_line():
+    import subprocess
+    import sys
+
+    import clusters
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", WATCHDOG_SCRIPT], cwd=clusters.ROOT,
+                            env=clusters.ENV, capture_output=True, text=True, timeout=100)
+    assert result.returncode == 200, result.stderr[-2000:]
+    assert time.monotonic() - started < 50  # not the 60 s sleep
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("lowlevel.trainer: error: worker1: no step completed for ") and \
+        "(exit status 200; retryable: restart this task)" in last, last

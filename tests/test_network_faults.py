@@ -1,10 +1,14 @@
-"""Network faults end in a word, not a hang (issue 12): each task on its own netns host.
+"""Network faults end in a word, not a hang (issues 12, 28): each task on its own netns host.
 
-A ps frozen with SIGSTOP or cut off for good: every worker notices within
---step_timeout_secs, names the task that does not answer (fault_noticed
-events) and exits 200 (retryable) within --fault_timeout_secs. A ps cut off
-for a while and healed: training resumes within seconds and every task exits
-0 at exactly --train_steps.
+A ps frozen with SIGSTOP or cut off for good: every worker notices, names the
+task that does not answer (fault_noticed events) and exits 200 (retryable)
+within --fault_timeout_secs of the outage's start, whichever way the outage
+shows: the run's deadline first (short --step_timeout_secs), gRPC's keepalive
+first (a long one: the run fails with UnavailableError and the session must be
+replaced), or a new session made against a frozen ps (its creation waits in
+TensorFlow with no deadline). The same at the default limits, async and sync
+(marked slow: minutes each). A ps cut off for a while and healed: training
+resumes within seconds and every task exits 0 at exactly --train_steps.
 """
 
 import os
@@ -33,37 +37,54 @@ def names(num_workers):
 NAMES = names(2)
 
 
+COMMON = ["--save_checkpoint_steps=100", "--log_every_secs=0.5", "--startup_timeout_secs=60"]
+
+
 @pytest.fixture
 def make_cluster(tmp_path):
-    """start(*flags, workers=2) runs 1 ps + workers on their own hosts; returns (hosts, procs, out).
+    """start(*flags, workers=2, common=COMMON, tag="") runs 1 ps + workers on their own hosts;
+    returns (hosts, procs, out).
 
-    Everything (processes, namespaces, hosts files) is removed after the test.
+    `tag` names a second cluster of the same test (its output in out<tag>, its logs
+    <tag><task>.log). Everything (processes, namespaces, hosts files) is removed after
+    the test.
     """
-    made, started = [], {}
+    made, started = [], []
     out = tmp_path / "out"
 
-    def start(*flags, workers=2):
+    def start(*flags, workers=2, common=COMMON, tag=""):
         hosts = netns.Hosts(names(workers))
         made.append(hosts)
+        procs = {}
+        started.append(procs)
         ps = [f"f-ps-0.ml.svc:{PORT}"]
         workers_hosts = [f"f-worker-{i}.ml.svc:{PORT}" for i in range(workers)]
         for name in names(workers):
             job, index = name.rstrip("0123456789"), int(name[len(name.rstrip("0123456789")):])
-            argv = clusters.trainer_argv(ps, workers_hosts, job, index, f"--output_dir={out}",
-                                         "--save_checkpoint_steps=100", "--log_every_secs=0.5",
-                                         "--startup_timeout_secs=60", *flags)
-            log = open(tmp_path / f"{name}.log", "w")
-            started[name] = hosts.popen(name, argv, stdout=log, stderr=log, cwd=clusters.ROOT,
-                                        env=clusters.ENV, stdin=subprocess.DEVNULL)
-        return hosts, started, out
+            argv = clusters.trainer_argv(ps, workers_hosts, job, index,
+                                         f"--output_dir={out}{tag}", *common, *flags)
+            log = open(tmp_path / f"{tag}{name}.log", "w")
+            procs[name] = hosts.popen(name, argv, stdout=log, stderr=log, cwd=clusters.ROOT,
+                                      env=clusters.ENV, stdin=subprocess.DEVNULL)
+        return hosts, procs, tmp_path / f"out{tag}"
     yield start
-    for proc in started.values():  # a SIGSTOPped ps must be able to die
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
+    for procs in started:
+        for proc in procs.values():  # a SIGSTOPped ps must be able to die
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
     for hosts in made:
         hosts.close()
         assert not [n for n in netns.leftovers()
                     if n.startswith(tuple(hosts.namespaces.values()))]
+
+
+def restart(hosts, procs, name, log_path, *extra):
+    """Starts task `name` again on its host with its command (plus `extra` flags)."""
+    argv = procs[name].args[4:]  # after "ip netns exec NAMESPACE"
+    log = open(log_path, "w")
+    procs[name] = hosts.popen(name, [*argv, *extra], stdout=log, stderr=log,
+                              cwd=clusters.ROOT, env=clusters.ENV, stdin=subprocess.DEVNULL)
+    return procs[name]
 
 
 class _LateHosts:
@@ -102,9 +123,27 @@ def noticed(out, task):
     return clusters.task_events(out, task, "fault_noticed")
 
 
+def timed_out(records):
+    """The `fault_noticed` records of runs that passed their deadline."""
+    return [r for r in records if " timed out: " in r.get("error", "")]
+
+
+def last_line(path) -> str:
+    lines = [line for line in clusters.tail(path, 5).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def assert_gave_up_naming_ps0(log):
+    """The task's last line is its one-line error: status 200, naming ps0."""
+    line = last_line(log)
+    assert line.startswith("lowlevel.trainer: error: ") and "(exit status 200" in line, line
+    assert "not answering: ps0 at " in line, line
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", ["sigstop", "partition"])
 def test_a_ps_that_stops_answering_for_good_ends_every_worker_with_200(cluster, fault):
+    """The deadline first: a 3 s deadline fires before keepalive notices anything."""
     hosts, start, out = cluster
     procs = start("--train_steps=100000", "--step_timeout_secs=3", "--fault_timeout_secs=15")
     wait_for_step(out, 50)
@@ -121,9 +160,123 @@ def test_a_ps_that_stops_answering_for_good_ends_every_worker_with_200(cluster, 
         first = noticed(out, name)
         assert first, f"{name}: no fault_noticed event"
         assert first[0]["unix_time"] - struck < 15, first[0]
+        assert timed_out(first[:1]), first[0]  # the run's deadline noticed it first
         assert 15 <= when - struck < 60, (name, when - struck)
         named = [r for r in first if any(m.startswith("ps0 at ") for m in r.get("missing", []))]
         assert named, f"{name} never named ps0: {first}"
+        assert_gave_up_naming_ps0(out.parent / f"{name}.log")
+
+
+@pytest.mark.timeout(300)
+def test_keepalive_first_a_frozen_ps_fails_the_run_and_the_new_session_gives_up_in_time(
+        cluster):
+    """A deadline too long to fire: gRPC's keepalive (cluster.channels.GRPC_KEEPALIVE) closes the
+    channel and the run fails with UnavailableError (~65 s after the freeze, measured); the
+    session is replaced against a ps that does not answer, on the same outage clock, which
+    began with the run that failed: the worker gives up at once, naming ps0."""
+    hosts, start, out = cluster
+    procs = start("--train_steps=10000000", "--step_timeout_secs=600",
+                  "--fault_timeout_secs=30")
+    wait_for_step(out, 50)
+    os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    struck = time.time()
+    done = clusters.wait_all({k: v for k, v in procs.items() if k != "ps0"}, 200)
+    for name, (code, when) in done.items():
+        log = out.parent / f"{name}.log"
+        assert code == 200, (name, code, clusters.tail(log))
+        records = noticed(out, name)
+        assert not timed_out(records), records  # the 600 s deadline never fired
+        lost = [r for r in records if r["error"].startswith("session lost")]
+        assert lost and lost[0]["unix_time"] > struck, records
+        # the outage began with the run the freeze stopped: past 30 s by the time the
+        # session is lost, so it gives up within seconds of that, not 30 s later
+        assert 30 <= when - struck < 150, (name, when - struck)
+        assert when - lost[0]["unix_time"] < 15, (name, when - lost[0]["unix_time"])
+        assert_gave_up_naming_ps0(log)
+
+
+@pytest.mark.timeout(300)
+def test_a_new_session_made_against_a_frozen_ps_gives_up_in_time(cluster, tmp_path):
+    """ps0 and the chief killed, ps0 restarted, then frozen while worker1 makes its new
+    session: with no chief the model is never ready, so worker1 polls, each poll a new
+    session whose creation (`LocalMaster::CreateSession`: the ps's GetStatus) and close
+    (`LocalMaster::CloseSession`) wait for the ps with no deadline. The call is abandoned
+    (faults.abandonable) at --fault_timeout_secs of worker1's outage, which began with the
+    run the kill failed."""
+    hosts, start, out = cluster
+    procs = start("--train_steps=10000000", "--step_timeout_secs=3", "--fault_timeout_secs=45",
+                  "--verbosity=1")  # the give-up's traceback: where the main thread was
+    wait_for_step(out, 50)
+    for name in ("worker0", "ps0"):
+        procs[name].kill()
+        procs[name].wait()
+    killed = time.time()
+    restart(hosts, procs, "ps0", tmp_path / "ps0-restarted.log")
+    deadline = time.monotonic() + 60
+    while not [r for r in clusters.task_events(out, "ps0", "serving") if r["unix_time"] > killed]:
+        assert time.monotonic() < deadline, "the restarted ps0 did not serve within 60 s"
+        time.sleep(0.2)
+    # worker1 lost its session at the kill; by now it polls the restarted ps for the model
+    assert [r for r in noticed(out, "worker1") if r["error"].startswith("session lost")
+            and r["unix_time"] > killed]
+    time.sleep(3)  # its wait for the ps (0.5 s polls) is over: it is making sessions
+    os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    frozen = time.time()
+    code, when = clusters.wait_all({"worker1": procs["worker1"]}, 120)["worker1"]
+    log = out.parent / "worker1.log"
+    assert code == 200, (code, clusters.tail(log))
+    assert when - killed < 45 + 15, when - killed
+    # it gave up while the session's thread was still in TensorFlow (seen: the close of a
+    # session not ready yet, in SessionManager.wait_for_session), not in a wait of its own
+    text = log.read_text()
+    assert "in abandonable\n    guard()" in text[text.rfind("session lost"):], \
+        "worker1 did not give up on a session being made"
+    assert frozen < when
+    assert_gave_up_naming_ps0(log)
+
+
+# The default limits (trainer flags, lowlevel/config.py): a run's deadline, the outage limit.
+DEFAULT_STEP_TIMEOUT_SECS, DEFAULT_FAULT_TIMEOUT_SECS = 60, 90
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fault", ["sigstop", "partition"])
+def test_at_the_default_limits_a_ps_frozen_or_cut_off_for_good_ends_every_worker_with_200(
+        make_cluster, tmp_path, fault):
+    """No fault flags: async and sync clusters side by side, the ps of each struck at once.
+    Every worker exits 200 within --step_timeout_secs + --fault_timeout_secs + 30 s, its
+    last line naming ps0, nothing left running on its host."""
+    runs = {mode: make_cluster("--train_steps=10000000", *(["--sync"] if mode == "sync" else []),
+                               common=["--log_every_secs=0.5"], tag=mode)
+            for mode in ("async", "sync")}
+    for hosts, procs, out in runs.values():
+        wait_for_step(out, 50, 240)
+    struck = {}
+    for mode, (hosts, procs, out) in runs.items():
+        if fault == "sigstop":
+            os.kill(procs["ps0"].pid, signal.SIGSTOP)
+        else:
+            hosts.partition("ps0")
+        struck[mode] = time.time()
+    limit = DEFAULT_STEP_TIMEOUT_SECS + DEFAULT_FAULT_TIMEOUT_SECS + 30
+    workers = {(mode, name): proc for mode, (_, procs, _) in runs.items()
+               for name, proc in procs.items() if name != "ps0"}
+    done = clusters.wait_all(workers, limit + 30)
+    measured = {}
+    for (mode, name), (code, when) in done.items():
+        hosts, _, out = runs[mode]
+        log = tmp_path / f"{mode}{name}.log"
+        assert code == 200, (mode, name, code, clusters.tail(log))
+        assert when - struck[mode] < limit, (mode, name, when - struck[mode])
+        first = noticed(out, name)
+        assert first and first[0]["unix_time"] - struck[mode] < DEFAULT_STEP_TIMEOUT_SECS + 15, \
+            (mode, name, first)  # noticed within about a minute
+        assert_gave_up_naming_ps0(log)
+        assert not hosts.pids(name), (mode, name, hosts.pids(name))  # nothing left behind
+        measured[f"{mode} {name}"] = (round(first[0]["unix_time"] - struck[mode], 1),
+                                      round(when - struck[mode], 1))
+    print(f"{fault} at the default limits: (noticed s, exited s) after the fault: {measured}")
 
 
 def assert_all_exit_0_exact(procs, out, steps):

@@ -178,3 +178,26 @@ def test_remove_partial_removes_only_temporary_files(tmp_path):
     removed = storage.remove_partial(str(tmp_path))
     assert sorted(removed) == ["model.ckpt-5_temp", "model.ckpt-9.data-00000-of-00001.tempstate42"]
     assert os.listdir(tmp_path) == ["model.ckpt-7.index"]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_an_evaluator_whose_checkpoint_read_hangs_exits_200_naming_it(tmp_path):
+    """A read that blocks in the kernel with no deadline, as on a hung NFS mount: the
+    checkpoint's index is a FIFO no one writes. The evaluator gives up after
+    --fault_timeout_secs with status 200, naming the checkpoint, instead of hanging."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-5"\n'
+                                    'all_model_checkpoint_paths: "model.ckpt-5"\n')
+    (out / "model.ckpt-5.data-00000-of-00001").write_bytes(b"")
+    os.mkfifo(out / "model.ckpt-5.index")
+    log = tmp_path / "evaluator.log"
+    proc = clusters.start([sys.executable, "-m", "lowlevel.trainer", "--schedule=continuous_eval",
+                           f"--output_dir={out}", "--train_steps=10", "--fault_timeout_secs=5",
+                           "--eval_timeout_secs=60"], log)
+    code, _ = clusters.wait_all({"evaluator": proc}, 150)["evaluator"]
+    assert code == 200, (code, clusters.tail(log))
+    last = [line for line in clusters.tail(log).splitlines() if line.strip()][-1]
+    assert last.startswith("lowlevel.trainer: error: evaluator: reading ") and \
+        "model.ckpt-5 did not complete within 5 s (--fault_timeout_secs)" in last, last

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 import time
 from typing import Callable, Iterable, Optional
 
@@ -62,16 +63,18 @@ def resolves(host: str) -> bool:
         return False
 
 
-def unreachable_tasks(cluster: Cluster, tasks: Iterable[Task]) -> list[str]:
-    """"name at host:port" of each task in `tasks` whose server does not accept connections."""
-    return [f"{t.name} at {cluster.hosts(t.job_name)[t.task_index]}" for t in tasks
-            if not reachable(cluster.hosts(t.job_name)[t.task_index], 0.5)]
+def silent_tasks(cluster: Cluster, tasks: Iterable[Task], timeout_secs: float = 1.0) -> list[str]:
+    """"name at host:port" of each task in `tasks` whose server does not answer (`answering`:
+    a frozen task's kernel still accepts connections)."""
+    named = [(t.name, cluster.hosts(t.job_name)[t.task_index]) for t in tasks]
+    answered = answering([a for _, a in named], timeout_secs)
+    return [f"{name} at {address}" for name, address in named if not answered[address]]
 
 
 def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_SECS,
                 give_up: Optional[Callable[[], None]] = None,
-                flag: str = "--startup_timeout_secs") -> None:
-    """Polls until every ps task accepts TCP connections.
+                flag: str = "--startup_timeout_secs", answer: bool = False) -> None:
+    """Polls until every ps task accepts TCP connections (with `answer`: until its server answers).
 
     A session on a cluster whose ps is down waits in CreateSession forever,
     logging "CreateSession still waiting for response from worker"; this
@@ -87,6 +90,9 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
       give_up: called every poll; it may raise to end the wait (a worker
         whose run has finished meanwhile raises `errors.TrainingFinished`).
       flag: the flag `timeout_secs` comes from, for the message.
+      answer: wait until each ps's server answers (`answering`), not only its
+        kernel: a frozen ps accepts connections, and a session created
+        against it waits in CreateSession with no deadline.
 
     Raises:
       StartupError: a ps did not answer (or its host name did not resolve)
@@ -96,7 +102,11 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
     waiting = dict(enumerate(cluster.ps_hosts))
     logged = False
     while True:
-        waiting = {k: a for k, a in waiting.items() if not reachable(a)}
+        if answer:
+            answered = answering(list(waiting.values()), 1.0)
+            waiting = {k: a for k, a in waiting.items() if not answered[a]}
+        else:
+            waiting = {k: a for k, a in waiting.items() if not reachable(a)}
         if not waiting:
             return
         if give_up is not None:
@@ -115,8 +125,8 @@ def wait_for_ps(cluster: Cluster, timeout_secs: float, poll_secs: float = POLL_S
                 f"({flag}): is its process running, and is the address "
                 "in --ps_hosts / TF_CONFIG right?")
         if not logged:
-            logging.info("waiting for %s to come up", ", ".join(
-                f"ps{k} at {a}" for k, a in waiting.items()))
+            logging.info("waiting for %s to %s", ", ".join(
+                f"ps{k} at {a}" for k, a in waiting.items()), "answer" if answer else "come up")
             logged = True
         time.sleep(poll_secs)
 
@@ -145,3 +155,31 @@ def answers(address: str, timeout_secs: float = 1.0) -> bool:
             return len(sock.recv(9)) > 0
     except (OSError, ValueError):
         return False
+
+
+def answering(addresses: list[str], timeout_secs: float = 1.0) -> dict[str, bool]:
+    """{address: whether it `answers`} for every address, probed together in `timeout_secs`.
+
+    Each probe runs in its own daemon thread, and the result is taken at the
+    deadline whatever a probe is doing: `answers`'s socket timeout does not
+    bound the name lookup before the connect (`getaddrinfo`; a DNS server that
+    does not answer holds it for the resolver's own timeouts), so a probe still
+    running then counts as not answering and is left to finish on its own.
+    """
+    results: dict[str, bool] = {}
+    lock = threading.Lock()
+
+    def probe(address: str) -> None:
+        ok = answers(address, timeout_secs)
+        with lock:
+            results[address] = ok
+
+    threads = [threading.Thread(target=probe, args=(a,), name="probe", daemon=True)
+               for a in dict.fromkeys(addresses)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_secs + 0.1
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        return {a: results.get(a, False) for a in addresses}

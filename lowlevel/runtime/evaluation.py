@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -19,13 +20,10 @@ from absl import logging
 from lowlevel.outputs import checkpoints
 from lowlevel.outputs import export
 from lowlevel.outputs import files
-from lowlevel.runtime import metrics
-from lowlevel.models import catalogue as models
-from lowlevel.data import images as data_lib
+from lowlevel import errors, output_layout
 from lowlevel.config import TrainConfig
-from lowlevel.errors import EvalTimeout
-from lowlevel import errors
-from lowlevel import output_layout
+from lowlevel.models import catalogue as models
+from lowlevel.runtime import faults, metrics
 
 v1 = tf.compat.v1
 
@@ -123,7 +121,7 @@ class FinalEvalHook(v1.train.SessionRunHook):
             self.result = evaluate(session, self._ops)
 
 
-def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: bool = False,
+def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
                     session_config=None) -> dict:
     """Evaluates each new checkpoint in `config.output_dir` until that of the final step.
 
@@ -135,18 +133,20 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     `--keep_checkpoint_max` before it is read is skipped with a warning.
 
     Per checkpoint it writes `loss` and `accuracy` (binary models: also `auc`
-    and `log_loss`) summaries to
-    `<output_dir>/eval/` (`eval_train/` for the training split) and appends a
-    record to `eval_metrics.json` there: global_step, loss (mean
-    cross-entropy), accuracy (fraction), num_examples, split, checkpoint.
-    With `config.export_every_checkpoint` it also exports each checkpoint as
-    a SavedModel (`lowlevel.outputs.export`).
+    and `log_loss`) summaries to `<output_dir>/eval/` (`eval_train/` for the
+    training split) and appends a record to `eval_metrics.json` there:
+    global_step, loss (mean cross-entropy), accuracy (fraction), num_examples,
+    split, checkpoint. With `config.export_every_checkpoint` it also exports each
+    checkpoint as a SavedModel (`lowlevel.outputs.export`).
+
+    Every read and write of `config.output_dir` is bounded (`_bounded_io`).
 
     Returns:
       The record of the checkpoint whose global_step is >= `config.train_steps`.
 
     Raises:
-      EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
+      errors.EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
+      errors.StorageTimeout: a read or write in `config.output_dir` did not complete in time.
       errors.CheckpointMismatch: a checkpoint of another model.
     """
     split_name = "train" if on_train_data else "test"
@@ -162,23 +162,59 @@ def continuous_eval(config: TrainConfig, data: data_lib.DataSet, on_train_data: 
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     try:
         with v1.Session(graph=graph, config=session_config) as sess:
-            for path in v1.train.checkpoints_iterator(config.output_dir,
-                                                      timeout=config.eval_timeout_secs):
-                if not _restore(sess, saver, variables, config.output_dir, path):
+            for path in _checkpoints(config):
+                if not _restored(saver, sess, config, variables, path):
                     continue
                 step = int(sess.run(global_step))
                 record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
                               checkpoint=os.path.basename(path))
-                records = _keep(record, records, writer, records_path)
+                records = _keep(record, records, writer, records_path, config)
                 if config.export_every_checkpoint and config.keep_exports:
-                    _export(path, config, data)
+                    _bounded_io(lambda: _export(path, config, data), path,
+                                config.fault_timeout_secs, "exporting", "--fault_timeout_secs")
                 if step >= config.train_steps:
                     return record
     finally:
-        writer.close()
-    raise EvalTimeout(f"evaluator: no new checkpoint in {config.output_dir} for "
-                      f"{config.eval_timeout_secs:g} s (--eval_timeout_secs) before the one of "
-                      f"global step {config.train_steps}: is the chief running?")
+        _bounded_io(writer.close, eval_dir, config.fault_timeout_secs,
+                    "closing the summaries in", "--fault_timeout_secs")
+    raise errors.EvalTimeout(
+        f"evaluator: no new checkpoint in {config.output_dir} for {config.eval_timeout_secs:g} "
+        f"s (--eval_timeout_secs) before the one of global step {config.train_steps}: is the "
+        "chief running?")
+
+
+def _bounded_io(io, what: str, limit_secs: float, doing: str, flag: str):
+    """`io()`, abandoned (`faults.abandonable`) after `limit_secs` with `errors.StorageTimeout`.
+
+    A read or write on a network file system whose server stopped answering
+    blocks in the kernel with no deadline (a hard NFS mount: forever); the
+    evaluator then exits 200 naming what it was doing instead of hanging.
+    """
+    deadline = time.monotonic() + limit_secs
+
+    def guard():
+        if time.monotonic() >= deadline:
+            logging.error("evaluator: %s %s did not complete within %g s (%s)", doing, what,
+                          limit_secs, flag)
+            raise errors.StorageTimeout(
+                f"evaluator: {doing} {what} did not complete within {limit_secs:g} s ({flag}): "
+                "is the storage under --output_dir answering?")
+    return faults.abandonable(io, guard, "checkpoint_io")
+
+
+def _checkpoints(config: TrainConfig):
+    """Each new checkpoint's path, as `checkpoints_iterator` yields them, each wait bounded by
+    `--eval_timeout_secs` + `--fault_timeout_secs` (I/O on storage that stops answering
+    blocks with no deadline)."""
+    found = v1.train.checkpoints_iterator(config.output_dir, timeout=config.eval_timeout_secs)
+    wait_secs = config.eval_timeout_secs + config.fault_timeout_secs
+    while True:
+        path = _bounded_io(lambda: next(found, None), config.output_dir, wait_secs,
+                           "waiting for a checkpoint in",
+                           "--eval_timeout_secs + --fault_timeout_secs")
+        if path is None:
+            return
+        yield path
 
 
 def _eval_graph(config: TrainConfig, data, split):
@@ -193,17 +229,19 @@ def _eval_graph(config: TrainConfig, data, split):
     return graph, global_step, ops, variables, saver
 
 
-def _restore(sess, saver, variables, output_dir: str, path: str) -> bool:
-    """Restores checkpoint `path`; False (with a warning) if it is gone or unreadable.
+def _restored(saver, sess, config: TrainConfig, variables, path: str) -> bool:
+    """Restores checkpoint `path` (bounded by `--fault_timeout_secs`); False, with a warning,
+    when it is gone or unreadable (deleted by the chief's `--keep_checkpoint_max`).
 
     Raises:
       errors.CheckpointMismatch: a checkpoint of another model.
+      errors.StorageTimeout: the read did not complete in time.
     """
     try:
-        checkpoints.check_compatible(output_dir, variables, path)
-        saver.restore(sess, path)
+        _bounded_io(lambda: _restore(saver, sess, config.output_dir, variables, path), path,
+                    config.fault_timeout_secs, "reading", "--fault_timeout_secs")
         return True
-    except errors.CheckpointMismatch:
+    except (errors.CheckpointMismatch, errors.StorageTimeout):
         raise
     except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
         logging.warning("evaluator: skipping %s, which is gone or unreadable "
@@ -212,18 +250,44 @@ def _restore(sess, saver, variables, output_dir: str, path: str) -> bool:
         return False
 
 
-def _keep(record: dict, records: list, writer, records_path: str) -> list:
-    """Writes one checkpoint's `record` as summaries and into `eval_metrics.json`; logs it.
+def _restore(saver, sess, output_dir: str, variables, path: str) -> None:
+    """Checks that checkpoint `path` is of this model, then restores it into `sess`.
 
-    Returns the records with this one in (replacing an older one of its step)."""
+    TensorFlow's checkpoint reader (`check_compatible`) holds Python's GIL while
+    it opens the index: blocked there on storage that stopped answering, it would
+    stop every thread of the process, the one bounding it too. So the index is
+    read first through `tf.io.gfile`, which lets go of the GIL: a hang shows
+    there (measured: a FIFO as the index, tests/test_storage.py); the reader then
+    finds it in the page cache.
+    """
+    index = path + ".index"
+    if tf.io.gfile.exists(index):
+        with tf.io.gfile.GFile(index, "rb") as f:
+            f.read()
+    checkpoints.check_compatible(output_dir, variables, path)
+    saver.restore(sess, path)
+
+
+def _write(writer, record: dict, records_path: str, records: list) -> None:
+    """Writes `record`'s summaries and every record so far (`eval_metrics.json`)."""
     step = record["global_step"]
     writer.add_summary(v1.Summary(value=[
         v1.Summary.Value(tag=tag, simple_value=record[tag])
-        for tag in ("loss", "accuracy", "auc", "log_loss")
-        if record.get(tag) is not None]), step)
+        for tag in ("loss", "accuracy", "auc", "log_loss") if record.get(tag) is not None]),
+        step)
     writer.flush()
-    records = [r for r in records if r["global_step"] != step] + [record]
     _write_records(records_path, records)
+
+
+def _keep(record: dict, records: list, writer, records_path: str, config: TrainConfig) -> list:
+    """Writes one checkpoint's `record` as summaries and into `eval_metrics.json` (bounded by
+    `--fault_timeout_secs`), reports and logs it; returns the records with this one in
+    (replacing an older one of its step)."""
+    step = record["global_step"]
+    records = [r for r in records if r["global_step"] != step] + [record]
+    _bounded_io(lambda: _write(writer, record, records_path, records),
+                os.path.dirname(records_path), config.fault_timeout_secs,
+                "writing the evaluation to", "--fault_timeout_secs")
     metrics.evaluated(record)
     logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
                  record["split"], record["accuracy"], record["loss"],
@@ -231,7 +295,7 @@ def _keep(record: dict, records: list, writer, records_path: str) -> list:
     return records
 
 
-def _export(path: str, config: TrainConfig, data: data_lib.DataSet) -> None:
+def _export(path: str, config: TrainConfig, data) -> None:
     """`--export_every_checkpoint`: exports checkpoint `path`; one it cannot read is skipped."""
     try:
         export.export(path, output_layout.export_base(config.output_dir), config, data,

@@ -1,4 +1,4 @@
-"""Network faults end in a word, not a hang: a deadline on every run of the training loop.
+"""Network faults end in a word, not a hang: one outage clock per task, a bound on every wait.
 
 A peer that stops answering without closing its connections (a ps frozen with
 SIGSTOP, a host cut off by a partition that drops frames, a stalled VM) gives
@@ -13,14 +13,32 @@ exchange): it passes the per-step deadline (`--step_timeout_secs`); on expiry
 it probes the peers the task depends on (`probes.answers`: the ps tasks, the
 chief, in sync mode the other workers), logs which do not answer ("name at
 host:port"), emits `fault_noticed`, and runs again. The first run that
-completes ends the outage (`fault_cleared`, with its length). An outage longer
-than `--fault_timeout_secs` (counted from the start of the first run that
-timed out) raises `NetworkFault`: exit status 200 (retryable), naming the
-tasks that did not answer.
+completes ends the outage (`fault_cleared`, with its length).
+
+A run can also leave through an error: gRPC's keepalive (`cluster.channels.GRPC_KEEPALIVE`)
+closes a channel to a peer that stopped answering, the run fails with
+`UnavailableError`, and `MonitoredSession` closes the session and asks its
+creator for a new one (`sessions`). That path has waits TensorFlow gives no
+deadline: a new session's first run creates the master session, whose device
+scan waits for every ps's `GetStatus` with no timeout (`DeviceFinder::Wait`,
+"CreateSession still waiting for response from worker", every 10 s, forever
+against a frozen ps: `LocalMaster::CreateSession` keeps waiting after its own
+deadline, "we must still wait for the call to complete"); so does
+`LocalMaster::CloseSession`. So every path counts against one `Outage` clock,
+the task's: the deadline, a lost session, its close, the new session's
+creation (run in a thread the task can abandon, `abandonable`), the probes. It
+starts with the run that first failed or timed out, and once it has run
+`--fault_timeout_secs` the task raises `NetworkFault` (exit status 200,
+retryable) naming the tasks that do not answer, whatever call it is in: where
+the main thread cannot raise (stuck in a call with no deadline), `watchdog`
+ends the process with the same status and line.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -29,11 +47,142 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.cluster import probes
-from lowlevel.errors import NetworkFault
+from lowlevel.errors import TRANSIENT, NetworkFault
 
 v1 = tf.compat.v1
 
-PROBE_TIMEOUT_SECS = 1.0  # how long one peer probe waits for an answer
+PROBE_TIMEOUT_SECS = 1.0  # how long one probe round waits for the peers' answers
+# How far past `--fault_timeout_secs` the watchdog lets a main thread stuck in a call
+# with no deadline run before it ends the process: the main thread normally raises
+# `NetworkFault` itself within a poll (0.2 s) of the limit, and its way out (closing
+# the lost session: `sessions.CLOSE_TIMEOUT_SECS` and the coordinator's grace) takes
+# up to ~5 s.
+WATCHDOG_GRACE_SECS = 10.0
+GUARD_POLL_SECS = 0.2  # how often `abandonable` checks its guard
+
+
+class Outage:
+    """The one clock of a task's outage: every path out of a failed run counts against it.
+
+    An outage begins with the run that first timed out or failed (its start,
+    when a run was under way: a frozen peer stopped it then), or when a lost
+    session must be replaced; it ends when a run completes (`end`). Every
+    wait on the way (the deadline's retries, the close of the lost session,
+    the wait for the ps tasks, the new session's creation) calls `check`,
+    which raises `NetworkFault` once the outage has lasted `fault_timeout_secs`.
+    Thread-safe.
+
+    Args:
+      task_name: this task ("worker1"), for the messages.
+      peers: [(name, "host:port")] of the tasks this one's runs depend on.
+      fault_timeout_secs: the longest outage, seconds.
+      clock: seconds, monotonic (tests pass their own).
+
+    Attributes:
+      run_started: when the training run under way started (`FaultWatch.run`
+        sets it), or None between runs.
+    """
+
+    def __init__(self, task_name: str, peers: Sequence[tuple[str, str]],
+                 fault_timeout_secs: float, clock: Callable[[], float] = time.monotonic):
+        self.task_name = task_name
+        self.peers = list(peers)
+        self.fault_timeout_secs = fault_timeout_secs
+        self.run_started: Optional[float] = None
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: Optional[float] = None
+        self._what = "step"
+
+    @property
+    def since(self) -> Optional[float]:
+        """When the outage under way began (clock seconds), or None."""
+        return self._since
+
+    def begin(self, at: Optional[float] = None, what: Optional[str] = None) -> None:
+        """Starts the outage clock unless it runs already: at `at`, else at the start of the
+        run under way, else now. `what` names what cannot complete ("step", "exchange")."""
+        with self._lock:
+            if self._since is None:
+                self._since = next(t for t in (at, self.run_started, self._clock())
+                                   if t is not None)
+            if what:
+                self._what = what
+
+    def waited(self) -> float:
+        """Seconds the outage under way has lasted (0 without one)."""
+        since = self._since
+        return 0.0 if since is None else self._clock() - since
+
+    def remaining(self) -> float:
+        """Seconds left before the outage under way ends the task (inf without one)."""
+        since = self._since
+        return float("inf") if since is None else since + self.fault_timeout_secs - self._clock()
+
+    def check(self, what: Optional[str] = None) -> None:
+        """Raises `NetworkFault` if the outage under way has lasted `fault_timeout_secs`."""
+        if self._since is not None and self.remaining() <= 0:
+            raise self.give_up(what)
+
+    def end(self) -> Optional[float]:
+        """A run completed: ends the outage; returns its length (None if there was none)."""
+        with self._lock:
+            since, self._since = self._since, None
+        return None if since is None else self._clock() - since
+
+    def not_answering(self) -> list[str]:
+        """"name at host:port" of each peer that does not answer now (`probes.answering`)."""
+        answering = probes.answering([a for _, a in self.peers], PROBE_TIMEOUT_SECS)
+        return [f"{name} at {address}" for name, address in self.peers
+                if not answering[address]]
+
+    def who(self, silent: Optional[list[str]] = None) -> str:
+        """The words naming the peers that do not answer (probed now unless given)."""
+        silent = self.not_answering() if silent is None else silent
+        return (f"not answering: {', '.join(silent)}" if silent else
+                "every peer answers its probe (overloaded, or waiting on a worker?)")
+
+    def give_up(self, what: Optional[str] = None,
+                silent: Optional[list[str]] = None) -> NetworkFault:
+        """The `NetworkFault` that ends the task, logged and recorded (`fault_noticed`)."""
+        what = what or self._what
+        waited = self.waited()
+        silent = self.not_answering() if silent is None else silent
+        who = self.who(silent)
+        events.emit("fault_noticed", None, error=f"no {what} completed for {waited:.0f} s; "
+                    "giving up", missing=silent, waited_secs=round(waited, 3))
+        logging.error("%s: no %s completed for %.0f s (--fault_timeout_secs=%g); %s; "
+                      "giving up", self.task_name, what, waited, self.fault_timeout_secs, who)
+        return NetworkFault(
+            f"{self.task_name}: no {what} completed for {waited:.0f} s "
+            f"(--fault_timeout_secs={self.fault_timeout_secs:g}); {who}: a network "
+            "partition, a frozen or dead host? Restart this task once they are back")
+
+    def watchdog(self, poll_secs: float = 0.5,
+                 grace_secs: Optional[float] = None) -> threading.Thread:
+        """Starts a daemon thread that ends the process with status 200 (`NetworkFault`'s
+        line on stderr, as the trainer writes it) if an outage lasts `grace_secs`
+        (`WATCHDOG_GRACE_SECS`) past `fault_timeout_secs`: the main thread is then stuck in
+        a call TensorFlow gives no deadline (a close, a hook's run past the limit)."""
+        grace = WATCHDOG_GRACE_SECS if grace_secs is None else grace_secs
+
+        def watch():
+            while True:
+                time.sleep(poll_secs)
+                if self._since is None or self.remaining() > -grace:
+                    continue
+                fault = self.give_up()
+                logging.error("%s: the main thread is stuck in a call with no deadline %.0f s "
+                              "past the limit; exiting", self.task_name, grace)
+                sys.stderr.write(f"lowlevel.trainer: error: {fault} (exit status {TRANSIENT}"
+                                 "; retryable: restart this task)\n")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(TRANSIENT)
+
+        thread = threading.Thread(target=watch, name="outage_watchdog", daemon=True)
+        thread.start()
+        return thread
 
 
 class FaultWatch:
@@ -45,74 +194,122 @@ class FaultWatch:
       step_timeout_secs: the deadline of one run, seconds.
       fault_timeout_secs: the longest outage, seconds, before `NetworkFault`.
       clock: seconds, monotonic (tests pass their own).
+      outage: the task's `Outage` clock, shared with its session creators
+        (default: a new one).
+
+    Attributes:
+      options: the `RunOptions` of a run outside an outage (the deadline).
+      outage: the task's `Outage`.
     """
 
     def __init__(self, task_name: str, peers: Sequence[tuple[str, str]],
                  step_timeout_secs: float, fault_timeout_secs: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, outage: Optional[Outage] = None):
         self.task_name = task_name
         self.peers = list(peers)
         self.step_timeout_secs = step_timeout_secs
         self.fault_timeout_secs = fault_timeout_secs
         self.options = v1.RunOptions(timeout_in_ms=max(1, int(step_timeout_secs * 1000)))
+        self.outage = outage or Outage(task_name, peers, fault_timeout_secs, clock)
         self._clock = clock
-        self._since: Optional[float] = None  # start of the outage under way
 
     def run(self, fn: Callable, what: str = "step", global_step: Optional[int] = None):
         """Returns `fn(options)`, run again after each deadline until it completes.
+
+        During an outage a run's deadline is what is left of it, if less than
+        `step_timeout_secs`: the task gives up at the limit, not a deadline later.
 
         Raises:
           NetworkFault: the outage lasted `fault_timeout_secs`.
           Whatever else `fn` raises.
         """
         while True:
+            self.outage.check(what)
+            self.outage.run_started = self._clock()
             try:
-                value = fn(self.options)
+                value = fn(self._options())
             except tf.errors.DeadlineExceededError as e:
                 self.timed_out(what, e, global_step)
                 continue
+            finally:
+                self.outage.run_started = None
             self.answered(global_step)
             return value
 
+    def _options(self):
+        left = self.outage.remaining()
+        if left >= self.step_timeout_secs:
+            return self.options
+        return v1.RunOptions(timeout_in_ms=max(100, int(left * 1000)))
+
     def not_answering(self) -> list[str]:
-        """"name at host:port" of each peer that does not answer now (`probes.answers`)."""
-        return [f"{name} at {address}" for name, address in self.peers
-                if not probes.answers(address, PROBE_TIMEOUT_SECS)]
+        """"name at host:port" of each peer that does not answer now (`probes.answering`)."""
+        return self.outage.not_answering()
 
     def timed_out(self, what: str, error: BaseException, global_step: Optional[int]) -> None:
         """Reports a run that hit its deadline; raises NetworkFault past the limit."""
-        now = self._clock()
-        if self._since is None:
-            self._since = now - self.step_timeout_secs  # the run waited that long
-        waited = now - self._since
+        # The outage began when the run did (it waited that long).
+        started = self.outage.run_started
+        self.outage.begin(started if started is not None
+                          else self._clock() - self.step_timeout_secs, what)
+        waited = self.outage.waited()
         silent = self.not_answering()
-        who = (f"not answering: {', '.join(silent)}" if silent else
-               "every peer answers its probe (overloaded, or waiting on a worker?)")
         message = getattr(error, "message", None) or str(error)
+        if self.outage.remaining() <= 0:
+            raise self.outage.give_up(what, silent)
         events.emit("fault_noticed", global_step, error=f"{what} timed out: {message}",
                     missing=silent, waited_secs=round(waited, 3))
-        if waited >= self.fault_timeout_secs:
-            logging.error("%s: no %s completed for %.0f s (--fault_timeout_secs=%g); %s; "
-                          "giving up", self.task_name, what, waited, self.fault_timeout_secs,
-                          who)
-            raise NetworkFault(
-                f"{self.task_name}: no {what} completed for {waited:.0f} s "
-                f"(--fault_timeout_secs={self.fault_timeout_secs:g}); {who}: a network "
-                "partition, a frozen or dead host? Restart this task once they are back")
         logging.warning("%s: %s did not complete within %g s (--step_timeout_secs); %s; "
                         "retrying (giving up after %g s, --fault_timeout_secs)",
-                        self.task_name, what, self.step_timeout_secs, who,
+                        self.task_name, what, self.step_timeout_secs, self.outage.who(silent),
                         self.fault_timeout_secs)
 
     def answered(self, global_step: Optional[int] = None) -> None:
         """A run completed: ends the outage under way, if any."""
-        if self._since is None:
+        outage = self.outage.end()
+        if outage is None:
             return
-        outage = self._clock() - self._since
-        self._since = None
         logging.info("%s: the cluster answers again after %.0f s; training goes on",
                      self.task_name, outage)
         events.emit("fault_cleared", global_step, outage_secs=round(outage, 3))
+
+
+def abandonable(make: Callable, guard: Optional[Callable[[], None]] = None,
+                name: str = "abandonable"):
+    """Returns `make()`, run in a daemon thread while this one calls `guard()` every
+    `GUARD_POLL_SECS`; whatever `guard` raises ends the wait (and is raised here), the
+    thread left running: for calls TensorFlow gives no deadline and no way to cancel (a
+    session's creation against a frozen ps, a read from storage that hangs), made by a task
+    that is about to exit. The thread makes its call in this thread's default graph.
+    Without `guard`, `make()` runs here.
+
+    The call must let go of Python's GIL while it blocks, or no thread runs, this
+    one included: TensorFlow's session calls (create, run, close) and `tf.io.gfile`
+    do; its `CheckpointReader` does not (measured: blocked opening a FIFO, it
+    stopped every thread).
+    """
+    if guard is None:
+        return make()
+    graph = v1.get_default_graph()  # thread-local: the new thread's would be the global one
+    done: dict = {}
+
+    def target():
+        try:
+            with graph.as_default():
+                done["value"] = make()
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            done["error"] = e
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    while True:
+        thread.join(GUARD_POLL_SECS)
+        if not thread.is_alive():
+            break
+        guard()
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def peers_of(cluster, task, sync: bool) -> list[tuple[str, str]]:

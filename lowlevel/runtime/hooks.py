@@ -180,7 +180,11 @@ class SyncReplicasHook(v1.train.SessionRunHook):
     emits `fault_noticed`, every `timeout_secs` while the wait lasts. The step
     completes as soon as a restarted worker sends its gradient: nothing is
     lost and nothing hangs silently. A session closed under a waiting sync op
-    (preemption, a failure elsewhere) cancels it and the loop ends.
+    (preemption, a failure elsewhere) cancels it and the loop ends. A ps that
+    stops answering (frozen, cut off) holds the sync op too: the watcher names
+    it, and the chief's own steps, which have their deadline, end the task with
+    status 200 at `--fault_timeout_secs` (`faults.Outage`); this loop's thread,
+    blocked in TensorFlow with no deadline, is a daemon and ends with the process.
 
     Args:
       sync_optimizer: the optimizer, after `minimize`/`apply_gradients`.
@@ -188,7 +192,8 @@ class SyncReplicasHook(v1.train.SessionRunHook):
       global_step: the global step variable.
       last_step: the step training stops at.
       timeout_secs: seconds a sync step may wait before the watcher reports it.
-      missing_workers: returns "name at host:port" of workers that do not answer.
+      missing_workers: returns "name at host:port" of the tasks a sync step waits on
+        (the ps tasks, the other workers) that do not answer.
       num_tokens: tokens put in the queue at start; -1: `replicas_to_aggregate`.
     """
 
@@ -274,4 +279,4 @@ class SyncReplicasHook(v1.train.SessionRunHook):
                 "sync step %d: still waiting for gradients after %.0f s "
                 "(--sync_timeout_secs); %s", step, waited,
                 f"not answering: {', '.join(missing)}" if missing else
-                "every worker answers (a slow or restarting worker?)")
+                "every ps and worker answers (a slow or restarting worker?)")

@@ -15,6 +15,15 @@
   training handshake has run before the close (`shutdown.end_of_training_hooks`)
   and the process is exiting, so the close is left to finish, or not, in a
   daemon thread.
+- Both creators make each session in a thread they can abandon
+  (`faults.abandonable`), calling their `guard` while it runs: a new
+  session's first run creates the master session, whose device scan waits for
+  every ps with no deadline (a frozen ps: forever, "CreateSession still
+  waiting for response from worker"; `lowlevel.runtime.faults`), and the close of a
+  session not ready yet (`SessionManager` polls with a new session each time)
+  waits the same way. The guard raises to give up (past
+  `--fault_timeout_secs` of the task's outage, or the start-up limit); the
+  thread is left blocked and the task exits with status 200.
 - `live_session`: the one way into a `MonitoredSession`'s private state.
 
 Every session that replaces a lost one is announced as events
@@ -33,6 +42,7 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.outputs import checkpoints
+from lowlevel.runtime import faults
 
 v1 = tf.compat.v1
 
@@ -142,12 +152,13 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
     """
 
     def __init__(self, scaffold, master, config, checkpoint_dir, wait_for_cluster=None,
-                 cluster_alive=None, partial=None):
+                 cluster_alive=None, partial=None, guard=None):
         super().__init__(scaffold=scaffold, master=master, config=config)
         self._output_dir = checkpoint_dir
         self._partial = partial
         self._wait_for_cluster = wait_for_cluster
         self._cluster_alive = cluster_alive
+        self._guard = guard
         self.origin = self.restored_from = None
         self.sessions = 0
         self.retry_secs = 60.0  # how long a ready check that times out is retried
@@ -157,9 +168,20 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         manager = self._get_session_manager()
         self.sessions += 1
         _announce_recreation(self.sessions)
-        sess = None
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
+        sess = faults.abandonable(lambda: self._create(manager), self._guard,
+                                  "session_create")
+        if self.sessions > 1:
+            logging.info("chief: new session after a failure; %s", self.describe())
+            fields = self.event_fields()
+            events.emit("recovered", fields["restored_step"], **fields)
+        return _bounded_close(sess, self._cluster_alive)
+
+    def _create(self, manager):
+        """Adopts, restores or initialises (the class doc's steps 2-4); returns the session."""
+        sess = None
+        if self._wait_for_cluster is not None:
             try:
                 sess = _retrying_deadlines(lambda: manager.wait_for_session(
                     self._master, self._config, max_wait_secs=0), self.retry_secs)
@@ -185,11 +207,7 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
                     init_fn=self._partial.restore)
             else:
                 sess = super().create_session()
-        if self.sessions > 1:
-            logging.info("chief: new session after a failure; %s", self.describe())
-            fields = self.event_fields()
-            events.emit("recovered", fields["restored_step"], **fields)
-        return _bounded_close(sess, self._cluster_alive)
+        return sess
 
     def describe(self) -> str:
         """How the last session got its model, in words."""
@@ -223,11 +241,12 @@ class WorkerSessionCreator(v1.train.WorkerSessionCreator):
     """
 
     def __init__(self, scaffold, master, config, max_wait_secs, wait_for_cluster=None,
-                 cluster_alive=None):
+                 cluster_alive=None, guard=None):
         super().__init__(scaffold=scaffold, master=master, config=config,
                          max_wait_secs=max_wait_secs)
         self._wait_for_cluster = wait_for_cluster
         self._cluster_alive = cluster_alive
+        self._guard = guard
         self.sessions = 0
 
     def create_session(self):
@@ -235,7 +254,9 @@ class WorkerSessionCreator(v1.train.WorkerSessionCreator):
         _announce_recreation(self.sessions)
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
-        sess = _retrying_deadlines(super().create_session, self._max_wait_secs)
+        create = super().create_session
+        sess = faults.abandonable(lambda: _retrying_deadlines(create, self._max_wait_secs),
+                                  self._guard, "session_create")
         if self.sessions > 1:
             logging.info("worker: new session after a failure; the model is ready again")
             events.emit("recovered", None, **self.event_fields())

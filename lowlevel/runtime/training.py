@@ -50,17 +50,8 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     recreates the session on `UnavailableError`/`AbortedError`; the creators
     in `sessions` wait for the ps tasks, then adopt, restore or wait for the
     model). A preemption (`preemption.requested`) stops the loop after the
-    current step; the chief's session close then saves a checkpoint.
-
-    The chief's metrics (also written to `<output_dir>/final_metrics.json`):
-    global_step, start_global_step, accuracy, loss (test split),
-    train_examples_per_sec (all workers), wall_seconds (from building the
-    graph to the end of the final evaluation and shutdown handshake), num_ps,
-    num_workers, sync, model, dataset, batch_size, and export_dir (the
-    SavedModel of the final checkpoint, `lowlevel.outputs.export`; unless
-    --keep_exports=0). Every training task also
-    writes its own step times to `<output_dir>/tasks/<task>.json`
-    (`progress.ProgressHook.task_record`).
+    current step; the chief's session close then saves a checkpoint. What
+    follows the session (final metrics, export, records) is `finish`.
 
     Returns:
       The chief's metrics; None on other workers and when preempted.
@@ -82,47 +73,23 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     metrics_lib.watch_training(g.progress, g.steps, config.batch_size)
     if task.is_chief and cluster:
         metrics_lib.placement_built(g.graph, cluster, config.output_dir)
-    newest = checkpoints.newest_readable(config.output_dir)
-    path = checkpoints.check_compatible(config.output_dir, g.saved, newest[0] if newest else None,
-                                        optional=g.optimizer_names)
-    partial = None
-    if path and task.is_chief and checkpoints.missing_names(path, g.saved):
-        with g.graph.as_default():
-            partial = checkpoints.PartialRestore(path, g.saved,
-                                                 checkpoints.missing_names(path, g.saved))
+    partial = _checked_checkpoint(config.output_dir, g, task)
+    # The task's one outage clock (`faults.Outage`): its runs' deadlines, a lost session's
+    # replacement and the waits on the way all count against it.
+    outage = (faults.Outage(task.name, faults.peers_of(cluster, task, config.sync),
+                            config.fault_timeout_secs) if cluster else None)
     with g.graph.as_default():
-        creator = _session_creator(config, cluster, task, g, server, session_config, partial)
+        creator = _session_creator(config, cluster, task, g, server, session_config, partial,
+                                   outage)
         logging.info("%s: graph built in %.1f s; creating session", task.name,
                      time.monotonic() - started)
-        try:
-            sess = v1.train.MonitoredSession(creator, g.hooks,
-                                             stop_grace_period_secs=STOP_GRACE_SECS)
-        except tf.errors.DeadlineExceededError:
-            chief = cluster.task(CHIEF, 0) if cluster.chief_hosts else cluster.task(WORKER, 0)
-            where = cluster.hosts(chief.job_name)[0] or "an address this task was not given"
-            raise errors.StartupError(
-                f"{task.name}: the chief ({chief.name} at {where}) "
-                f"did not have the model ready within {config.startup_timeout_secs:g} s "
-                "(--startup_timeout_secs): is it running?") from None
-        with sess:
-            fields = creator.event_fields()
-            # The chief's model starts where its creator put it: read afterwards (by the
-            # hooks), the global step can already hold a fast worker's first steps (208 for
-            # a restore at 200 was seen).
-            if fields["origin"] in ("restored", "initialised"):
-                g.progress.initial_step = fields["restored_step"] or 0
-            logging.info("%s: session ready at global step %d after %.1f s%s", task.name,
-                         g.progress.initial_step, time.monotonic() - started,
-                         f" ({creator.describe()})" if task.is_chief and
-                         creator.origin != "initialised" else "")
-            events.emit("session_ready", g.progress.initial_step, **fields)
-            if preemption:
-                preemption.training_started(
-                    _emergency_save(sess, g, config.output_dir) if task.is_chief else None)
+        with _monitored_session(creator, g, config, cluster, task) as sess:
+            _session_ready(sess, creator, g, task, started, preemption, config.output_dir)
             watch = None
             if cluster:
-                watch = faults.FaultWatch(task.name, faults.peers_of(cluster, task, config.sync),
-                                          config.step_timeout_secs, config.fault_timeout_secs)
+                watch = faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
+                                          config.fault_timeout_secs, outage=outage)
+                outage.watchdog()
             loop.run(sess, g, config.train_steps, preempted, watch)
             logging.info("%s: %s; closing the session", task.name,
                          "stopping for the preemption" if preempted.is_set()
@@ -132,48 +99,154 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
         return finish.after_training(config, cluster, task, g, trainable, preemption, started)
 
 
+def _checked_checkpoint(output_dir: Optional[str], g: TrainGraph, task: Task):
+    """Checks the newest checkpoint fits the model (before anything runs); returns the chief's
+    `checkpoints.PartialRestore` of one that lacks some optimizer state, else None.
+
+    Raises:
+      errors.CheckpointMismatch: the checkpoint is of another model.
+    """
+    newest = checkpoints.newest_readable(output_dir)
+    path = checkpoints.check_compatible(output_dir, g.saved, newest[0] if newest else None,
+                                        optional=g.optimizer_names)
+    if path and task.is_chief and checkpoints.missing_names(path, g.saved):
+        with g.graph.as_default():
+            return checkpoints.PartialRestore(path, g.saved,
+                                              checkpoints.missing_names(path, g.saved))
+    return None
+
+
+def _monitored_session(creator, g: TrainGraph, config: TrainConfig, cluster, task: Task):
+    """The task's `MonitoredSession` (its hooks, a short stop grace).
+
+    Raises:
+      errors.StartupError: (a worker) the chief did not have the model ready in time.
+    """
+    try:
+        return v1.train.MonitoredSession(creator, g.hooks, stop_grace_period_secs=STOP_GRACE_SECS)
+    except tf.errors.DeadlineExceededError:
+        chief = cluster.task(CHIEF, 0) if cluster.chief_hosts else cluster.task(WORKER, 0)
+        where = cluster.hosts(chief.job_name)[0] or "an address this task was not given"
+        raise errors.StartupError(
+            f"{task.name}: the chief ({chief.name} at {where}) "
+            f"did not have the model ready within {config.startup_timeout_secs:g} s "
+            "(--startup_timeout_secs): is it running?") from None
+
+
+def _session_ready(sess, creator, g: TrainGraph, task: Task, started: float, preemption,
+                   output_dir: Optional[str]) -> None:
+    """Logs and records the new session (`session_ready`); from now on a preemption stops
+    training at a safe point (the chief: after an emergency checkpoint if stuck)."""
+    fields = creator.event_fields()
+    # The chief's model starts where its creator put it: read afterwards (by the
+    # hooks), the global step can already hold a fast worker's first steps (208 for
+    # a restore at 200 was seen).
+    if fields["origin"] in ("restored", "initialised"):
+        g.progress.initial_step = fields["restored_step"] or 0
+    logging.info("%s: session ready at global step %d after %.1f s%s", task.name,
+                 g.progress.initial_step, time.monotonic() - started,
+                 f" ({creator.describe()})" if task.is_chief and
+                 creator.origin != "initialised" else "")
+    events.emit("session_ready", g.progress.initial_step, **fields)
+    if preemption:
+        preemption.training_started(
+            _emergency_save(sess, g, output_dir) if task.is_chief else None)
+
+
 def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task,
                      g: TrainGraph, server, session_config,
-                     partial: Optional[checkpoints.PartialRestore] = None):
-    """The chief's or a worker's session creator (`sessions`), bound to the cluster's probes.
+                     partial: Optional[checkpoints.PartialRestore] = None,
+                     outage: Optional[faults.Outage] = None):
+    """The chief's or a worker's session creator (`sessions`), bound to the cluster's probes
+    (`_ClusterWaits`).
 
     `partial`: the chief's restore of a checkpoint that lacks some optimizer state.
     """
     master = server.target if server else ""
-    wait_for_cluster = cluster_alive = None
+    waits = _ClusterWaits(config, cluster, task, outage) if cluster else None
+    wait_for_cluster, cluster_alive, guard = ((waits.wait_for_cluster, waits.cluster_alive,
+                                               waits.guard) if waits else (None, None, None))
     if cluster and session_config is not None:
         # The deadline of every run that has none of its own: the hooks' (a
         # checkpoint save, the final evaluation) and the session's set-up. The
         # loop's own runs carry theirs (`faults.FaultWatch`).
         session_config = type(session_config).FromString(session_config.SerializeToString())
         session_config.operation_timeout_in_ms = int(config.step_timeout_secs * 1000)
-    if cluster:
-        def cluster_alive():
-            return all(probes.reachable(a, 0.1) for a in cluster.ps_hosts)
-
-        calls = []
-
-        def wait_for_cluster():
-            give_up = None
-            if not task.is_chief and config.output_dir:
-                def give_up():
-                    checkpoints.check_finished(config.output_dir, config.train_steps)
-            calls.append(None)
-            if len(calls) == 1:
-                probes.wait_for_ps(cluster, config.startup_timeout_secs, give_up=give_up)
-            else:  # a session lost mid-run: the outage is bounded like any other fault
-                probes.wait_for_ps(cluster, config.fault_timeout_secs, give_up=give_up,
-                                   flag="--fault_timeout_secs")
-
     if task.is_chief:
         creator = sessions.ChiefSessionCreator(g.scaffold, master, session_config,
                                                config.output_dir, wait_for_cluster,
-                                               cluster_alive, partial)
+                                               cluster_alive, partial, guard)
         creator.retry_secs = config.fault_timeout_secs
         return creator
     return sessions.WorkerSessionCreator(g.scaffold, master, session_config,
                                          config.startup_timeout_secs, wait_for_cluster,
-                                         cluster_alive)
+                                         cluster_alive, guard)
+
+
+class _ClusterWaits:
+    """What a session creator waits for, and the bound of each wait.
+
+    Before each session it waits until every ps answers (`probes.wait_for_ps`
+    with `answer`: a frozen ps's kernel still accepts connections). The first
+    session is bounded by `--startup_timeout_secs`; one that replaces a lost
+    session begins the task's outage (`outage.begin`: at the start of the run
+    that failed) and every wait for it counts against `--fault_timeout_secs`,
+    the session's creation included (`guard`, checked while `faults.abandonable`
+    waits for it).
+    """
+
+    def __init__(self, config: TrainConfig, cluster: Cluster, task: Task,
+                 outage: faults.Outage):
+        self._config, self._cluster, self._task, self._outage = config, cluster, task, outage
+        self._sessions = 0
+        # The first session's creation may wait for the chief's model for
+        # --startup_timeout_secs itself (`WorkerSessionCreator`); past that, and the
+        # margin, it is stuck (a ps frozen during start-up).
+        self._first_limit_secs = config.startup_timeout_secs + 60.0
+        self._first_deadline: Optional[float] = None
+
+    def cluster_alive(self) -> bool:
+        """Whether every ps task accepts connections now."""
+        return all(probes.reachable(a, 0.1) for a in self._cluster.ps_hosts)
+
+    def _finished(self) -> None:
+        """A worker: raises `errors.TrainingFinished` once the run is over."""
+        config = self._config
+        if not self._task.is_chief and config.output_dir:
+            checkpoints.check_finished(config.output_dir, config.train_steps)
+
+    def wait_for_cluster(self) -> None:
+        """Waits for every ps to answer: at start-up within `--startup_timeout_secs`, for a
+        session lost mid-run on the task's outage clock."""
+        config, task = self._config, self._task
+        self._sessions += 1
+        if self._sessions == 1:
+            probes.wait_for_ps(self._cluster, config.startup_timeout_secs,
+                               give_up=self._finished, answer=True)
+            self._first_deadline = time.monotonic() + self._first_limit_secs
+            return
+        # A session lost mid-run: the outage is bounded like any other fault.
+        self._outage.begin()
+        logging.warning("%s: session lost (a task failed or stopped answering); making a "
+                        "new one (giving up %.0f s into the outage, --fault_timeout_secs)",
+                        task.name, config.fault_timeout_secs)
+
+        def give_up():
+            self._finished()
+            self._outage.check()
+        probes.wait_for_ps(self._cluster, config.fault_timeout_secs, give_up=give_up,
+                           flag="--fault_timeout_secs", answer=True)
+
+    def guard(self) -> None:
+        """Checked while a session is being made: raises past its bound."""
+        if self._sessions > 1:
+            self._outage.check()
+        elif self._first_deadline and time.monotonic() > self._first_deadline:
+            silent = self._outage.not_answering()
+            raise errors.StartupError(
+                f"{self._task.name}: the session was not created within "
+                f"{self._first_limit_secs:g} s of the ps tasks answering "
+                f"(--startup_timeout_secs + 60 s); {self._outage.who(silent)}")
 
 
 def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):

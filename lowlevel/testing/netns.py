@@ -126,6 +126,11 @@ class Hosts:
         """Puts `host` back on the bridge after `partition`."""
         _ip("link", "set", f"{self.namespaces[host]}o", "up")
 
+    def pids(self, host: str) -> list[int]:
+        """The pids of the processes running on `host` now (`ip netns pids`)."""
+        return [int(p) for p in _ip("netns", "pids", self.namespaces[host],
+                                    check=False).stdout.split()]
+
     def hosts_file(self, host: str) -> str:
         """The hosts file `host`'s processes resolve names with (edit it to break a name)."""
         return f"/etc/netns/{self.namespaces[host]}/hosts"
