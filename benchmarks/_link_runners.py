@@ -36,8 +36,8 @@ from typing import Optional
 
 from benchmarks import _reference, _runners
 from benchmarks._links import LinkWatcher, link_rates, shape, wait_until
-from lowlevel.testing import netns
 from lowlevel import output_layout
+from lowlevel.testing import netns
 
 PORT = 2222
 

@@ -72,8 +72,8 @@ import psutil
 from absl import app, flags
 
 from lowlevel import events
-from lowlevel.testing import netns
 from lowlevel.ops.supervisor import Supervisor, supervise
+from lowlevel.testing import netns
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("duration_secs", 300.0, "Seconds during which faults are injected, "

@@ -68,8 +68,8 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel.ops import lifetime
 from lowlevel import cli
+from lowlevel.ops import lifetime
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS

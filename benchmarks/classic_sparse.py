@@ -45,9 +45,9 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
+from lowlevel import cli
 from lowlevel.data import ctr as ctr_data
 from lowlevel.ops import lifetime
-from lowlevel import cli
 
 v1 = tf.compat.v1
 FLAGS = flags.FLAGS

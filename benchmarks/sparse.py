@@ -41,10 +41,8 @@ from typing import Optional
 import numpy as np
 
 from benchmarks import _runners
-from benchmarks._sparse_report import (  # noqa: F401 (the suite's report, re-exported)
-    TARGETS, TRAINERS, aggregate, markdown, ratios, targets)
+from benchmarks._sparse_report import TARGETS, TRAINERS, aggregate, markdown, ratios, targets  # noqa: F401 (the suite's report, re-exported)
 from lowlevel.data import ctr as ctr_data
-
 
 
 @dataclasses.dataclass(frozen=True)

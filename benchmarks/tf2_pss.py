@@ -49,12 +49,11 @@ waits until their ports accept connections):
 
 from __future__ import annotations
 
-
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel.ops import lifetime
 from lowlevel import cli
+from lowlevel.ops import lifetime
 
 FLAGS = flags.FLAGS
 

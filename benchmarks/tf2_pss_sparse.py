@@ -31,8 +31,8 @@ import math
 from absl import app, flags, logging
 
 from benchmarks import _reference as ref
-from lowlevel.ops import lifetime
 from lowlevel import cli
+from lowlevel.ops import lifetime
 
 FLAGS = flags.FLAGS
 

@@ -42,8 +42,8 @@ from absl import app, flags
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
 from lowlevel.ops import isolation
-from lowlevel.runtime import restarts
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
+from lowlevel.runtime import restarts
 
 cli.define_trainer_flags()  # the flags passed on to every task
 FLAGS = flags.FLAGS

@@ -36,9 +36,8 @@ import os
 import numpy as np
 from absl import app, flags
 
-from lowlevel import cli
+from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
-from lowlevel import output_layout
 
 FLAGS = flags.FLAGS
 PROG = "lowlevel.predict"

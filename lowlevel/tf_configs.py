@@ -38,12 +38,12 @@ import sys
 
 from absl import app, flags
 
-from lowlevel.ops import k8s
-from lowlevel.ops import resources as resources_lib
-from lowlevel.cluster.spec import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
 from lowlevel import cli
+from lowlevel.cluster.spec import CHIEF, EVALUATOR, PS, WORKER, Cluster, parse_hosts
 from lowlevel.config import check_schedule
 from lowlevel.errors import UsageError
+from lowlevel.ops import k8s
+from lowlevel.ops import resources as resources_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("chief", "", "host:port of the chief (a job of its own). Without it, "

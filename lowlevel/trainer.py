@@ -94,8 +94,7 @@ def _start_production(config: TrainConfig, task: Task) -> None:
       UsageError: the metrics port is in use.
       errors.RestartsSpent: no restart is left (exit 1).
     """
-    from lowlevel.runtime import restarts
-    from lowlevel.runtime import metrics
+    from lowlevel.runtime import metrics, restarts
     if config.metrics_port:
         metrics.serve(config.metrics_port, task.name, task.job_name, task.task_index,
                       config.output_dir)

@@ -5,9 +5,9 @@ import pytest
 
 from lowlevel.cluster import spec as cluster_lib
 from lowlevel.cluster.spec import Cluster, ClusterFlags, Task, from_flags, parse_hosts
+from lowlevel.cluster.tf_config import from_tf_config, resolve
 from lowlevel.config import TrainConfig, check_schedule
 from lowlevel.errors import UsageError
-from lowlevel.cluster.tf_config import from_tf_config, resolve
 
 
 def test_parse_hosts_keeps_order_and_strips_spaces():

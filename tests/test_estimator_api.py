@@ -12,13 +12,18 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from estimator_support import fixture
+
 from lowlevel.estimator import inputs
-from lowlevel.models.run_config import RunConfig
 from lowlevel.models import export_outputs, input_fns
-from lowlevel.models.spec import EstimatorSpec, ModeKeys, call_model_fn, fn_args, \
-    verify_model_fn_args
+from lowlevel.models.run_config import RunConfig
+from lowlevel.models.spec import (
+    EstimatorSpec,
+    ModeKeys,
+    call_model_fn,
+    fn_args,
+    verify_model_fn_args,
+)
 
 v1 = tf.compat.v1
 RUN_CONFIG = fixture("run_config.json")

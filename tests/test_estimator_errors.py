@@ -11,7 +11,6 @@ import re
 
 import pytest
 import tensorflow as tf
-
 from estimator_support import estimator_alias, fixture, load_script
 
 v1 = tf.compat.v1

@@ -17,9 +17,8 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
-
 from estimator_support import FIXTURES, estimator_alias, fixture, load_script, script_flags
+from tensorflow.core.protobuf import saved_model_pb2
 
 v1 = tf.compat.v1
 STEPS = 10

@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from estimator_support import SCRIPTS, fixture
 
 pytestmark = pytest.mark.cluster

@@ -15,8 +15,8 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from estimator_support import FIXTURES, estimator_alias, fixture, load_script, script_flags
+
 from lowlevel.runtime import model_evaluation
 
 v1 = tf.compat.v1

@@ -13,8 +13,7 @@ import tensorflow as tf
 
 import clusters
 from lowlevel import errors
-from lowlevel.errors import RuntimeFailure, UsageError
-from lowlevel.errors import FAILED, FINISHED, RESTART, decide
+from lowlevel.errors import FAILED, FINISHED, RESTART, RuntimeFailure, UsageError, decide
 
 STEP = re.compile(r"step (\d+)/\d+ \|")
 

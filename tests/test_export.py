@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import clusters
-from lowlevel.data import images as data_lib
 from lowlevel import errors
+from lowlevel.data import images as data_lib
 
 TRAIN_STEPS = 600
 
@@ -190,8 +190,8 @@ def _checkpoints(directory, steps):
 
 @pytest.mark.timeout(120)
 def test_export_keeps_the_newest_and_leaves_nothing_half_written(tmp_path):
-    from lowlevel.outputs import export
     from lowlevel.config import TrainConfig
+    from lowlevel.outputs import export
     digits = data_lib.load_digits()
     paths = _checkpoints(str(tmp_path), [10, 20, 30])
     base = str(tmp_path / "export")

@@ -7,9 +7,9 @@ import time
 import pytest
 import tensorflow as tf
 
-from lowlevel.runtime import faults
-from lowlevel.cluster import probes
 from lowlevel import errors
+from lowlevel.cluster import probes
+from lowlevel.runtime import faults
 
 
 def listener(reply: bytes | None):

@@ -6,10 +6,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from lowlevel.runtime import hooks
-from lowlevel.runtime import loop
-from lowlevel.runtime import progress
 from lowlevel import errors
+from lowlevel.runtime import hooks, loop, progress
 
 v1 = tf.compat.v1
 

@@ -16,9 +16,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 import clusters
-
 from benchmarks import _configs, _linkbench, _links
 from lowlevel.testing import netns
 

@@ -3,8 +3,8 @@ import pytest
 import tensorflow as tf
 
 from lowlevel.data import images as data_lib
-from lowlevel.runtime import evaluation
 from lowlevel.models import catalogue as models
+from lowlevel.runtime import evaluation
 
 v1 = tf.compat.v1
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lowlevel.data import images as data_lib
-from lowlevel.runtime import graph as graph_lib
-from lowlevel.models import catalogue as models
-from lowlevel.runtime import placement
 from lowlevel.cluster.spec import Cluster, ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
+from lowlevel.data import images as data_lib
+from lowlevel.models import catalogue as models
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.runtime import placement
 
 PS_CPU = re.compile(r"^/job:ps/task:(\d+)/device:CPU:0$")
 

@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 
 import clusters
-from lowlevel.outputs import checkpoints
-from lowlevel.runtime import graph
-from lowlevel.data import images as data_lib
 from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import OPTIMIZERS, TrainConfig
+from lowlevel.data import images as data_lib
+from lowlevel.outputs import checkpoints
+from lowlevel.runtime import graph
 
 v1 = tf.compat.v1
 

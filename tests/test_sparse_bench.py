@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import clusters
-
 from benchmarks import sparse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,9 +7,8 @@ import pytest
 import tensorflow as tf
 
 from lowlevel.data import images as data_lib
-from lowlevel.modes import exact
-from lowlevel.modes import local_sgd
 from lowlevel.models import catalogue as models
+from lowlevel.modes import exact, local_sgd
 
 v1 = tf.compat.v1
 CPU = "/device:CPU:0"

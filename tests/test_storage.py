@@ -15,8 +15,7 @@ import time
 import pytest
 
 import clusters
-from lowlevel.outputs import checkpoints
-from lowlevel.outputs import storage
+from lowlevel.outputs import checkpoints, storage
 
 MARGIN = 96 * 1024  # bytes left free when filling: event lines fit, a checkpoint (~300 KB) does not
 

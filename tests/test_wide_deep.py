@@ -11,14 +11,14 @@ import pytest
 import tensorflow as tf
 
 from clusters import ROOT, final_metrics
-from lowlevel.data import ctr as ctr_data
-from lowlevel.models import embeddings
-from lowlevel.modes import exact
-from lowlevel.runtime import placement
-from lowlevel.runtime import graph as graph_lib
 from lowlevel.cluster.spec import ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
+from lowlevel.data import ctr as ctr_data
 from lowlevel.errors import UsageError
+from lowlevel.models import embeddings
+from lowlevel.modes import exact
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.runtime import placement
 
 v1 = tf.compat.v1
 MOVIELENS = os.path.join(ROOT, "data", "ml-100k")
@@ -190,9 +190,10 @@ def test_default_movielens_run_reaches_auc_078(tmp_path):
 
 def _bytes_per_step(tmp_path, vocab_size: int, steps: int = 600) -> float:
     """Bytes between the worker and the 2 ps tasks per step (TCP counters), with `vocab_size` rows."""
+    import portpicker
+
     from benchmarks._measure import Watcher, kill_tree
     from clusters import start, task_events, trainer_argv, wait_all
-    import portpicker
     out = tmp_path / f"v{vocab_size}"
     out.mkdir()
     ps = [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(2)]

@@ -18,9 +18,21 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from lowlevel.cluster.spec import (ALIASES, CHIEF, EVALUATOR, JOBS, PS, WORKER, Cluster,
-                              ClusterFlags, Task, checked_task, evaluator_task, from_flags,
-                              parse_hosts)
+from lowlevel.cluster.spec import (
+    ALIASES,
+    CHIEF,
+    EVALUATOR,
+    JOBS,
+    PS,
+    WORKER,
+    Cluster,
+    ClusterFlags,
+    Task,
+    checked_task,
+    evaluator_task,
+    from_flags,
+    parse_hosts,
+)
 from lowlevel.errors import UsageError
 
 

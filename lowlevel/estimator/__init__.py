@@ -34,13 +34,15 @@ _alias.prepare_environment()
 
 import tensorflow as tf  # noqa: E402  (after the Keras environment is set)
 
-from lowlevel.estimator import export  # noqa: F401,E402
-from lowlevel.estimator import inputs  # noqa: F401,E402
+from lowlevel.estimator import (
+    export,  # noqa: F401,E402
+    inputs,  # noqa: F401,E402
+)
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
-from lowlevel.models.run_config import RunConfig
 from lowlevel.estimator.training import EvalSpec, TrainSpec, train_and_evaluate
 from lowlevel.estimator.warm_start import VocabInfo, WarmStartSettings
+from lowlevel.models.run_config import RunConfig
 from lowlevel.models.spec import EstimatorSpec, ModeKeys
 
 _train = tf.compat.v1.train

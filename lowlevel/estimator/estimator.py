@@ -26,9 +26,7 @@ from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.outputs import serving
-from lowlevel.runtime import model_evaluation
-from lowlevel.runtime import model_training
-from lowlevel.runtime import prediction
+from lowlevel.runtime import model_evaluation, model_training, prediction
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 

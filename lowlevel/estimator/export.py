@@ -9,12 +9,19 @@ build_raw_serving_input_receiver_fn, build_parsing_serving_input_receiver_fn
 
 from __future__ import annotations
 
-from lowlevel.models.export_outputs import (ClassificationOutput, ExportOutput, PredictOutput,
-                                            RegressionOutput)
-from lowlevel.outputs.serving import (ServingInputReceiver, SupervisedInputReceiver,
-                                      TensorServingInputReceiver,
-                                      build_parsing_serving_input_receiver_fn,
-                                      build_raw_serving_input_receiver_fn)
+from lowlevel.models.export_outputs import (
+                                            ClassificationOutput,
+                                            ExportOutput,
+                                            PredictOutput,
+                                            RegressionOutput,
+)
+from lowlevel.outputs.serving import (
+                                            ServingInputReceiver,
+                                            SupervisedInputReceiver,
+                                            TensorServingInputReceiver,
+                                            build_parsing_serving_input_receiver_fn,
+                                            build_raw_serving_input_receiver_fn,
+)
 
 __all__ = ["ClassificationOutput", "ExportOutput", "PredictOutput", "RegressionOutput",
            "ServingInputReceiver", "SupervisedInputReceiver", "TensorServingInputReceiver",

@@ -63,8 +63,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from lowlevel.models import embeddings
-from lowlevel.modes import exchange
-from lowlevel.modes import optimizer_state
+from lowlevel.modes import exchange, optimizer_state
 
 v1 = tf.compat.v1
 

@@ -19,10 +19,8 @@ import sys
 import time
 from typing import Optional
 
-from lowlevel import events
-from lowlevel import errors
-from lowlevel.ops import forking
-from lowlevel.ops import lifetime
+from lowlevel import errors, events
+from lowlevel.ops import forking, lifetime
 
 CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
 # Seconds the ps tasks may outlive the chief's finished run before the launcher stops them.

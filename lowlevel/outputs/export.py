@@ -37,11 +37,11 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.outputs import checkpoints
-from lowlevel.models import catalogue as models
-from lowlevel.data import images as data_lib
-from lowlevel.config import TrainConfig
 from lowlevel import output_layout
+from lowlevel.config import TrainConfig
+from lowlevel.data import images as data_lib
+from lowlevel.models import catalogue as models
+from lowlevel.outputs import checkpoints
 
 v1 = tf.compat.v1
 

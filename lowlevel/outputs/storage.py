@@ -36,9 +36,8 @@ from typing import Callable, Optional
 
 from absl import logging
 
-from lowlevel import events
+from lowlevel import events, output_layout
 from lowlevel.errors import StorageFailure, storage_error
-from lowlevel import output_layout
 
 # The OS's messages for every errno, as TensorFlow's file system layer prints them.
 _ERRNO_OF = {os.strerror(n): name for n, name in errno.errorcode.items()}

@@ -17,12 +17,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.outputs import checkpoints
-from lowlevel.outputs import export
-from lowlevel.outputs import files
 from lowlevel import errors, output_layout
 from lowlevel.config import TrainConfig
 from lowlevel.models import catalogue as models
+from lowlevel.outputs import checkpoints, export, files
 from lowlevel.runtime import faults, metrics
 
 v1 = tf.compat.v1

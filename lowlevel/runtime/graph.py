@@ -22,22 +22,16 @@ from typing import Optional
 
 import tensorflow as tf
 
-from lowlevel.data import images as data_lib
-from lowlevel.outputs import checkpoints
-from lowlevel.runtime import evaluation
-from lowlevel.modes import exact
-from lowlevel.runtime import hooks
-from lowlevel.modes import local_sgd
-from lowlevel.models import catalogue as models
-from lowlevel.runtime import placement
 from lowlevel.cluster import probes
-from lowlevel.modes import ps_products
-from lowlevel.runtime import shutdown
-from lowlevel.runtime import start
-from lowlevel.runtime import progress as progress_lib
 from lowlevel.cluster.spec import PS, Cluster, Task
 from lowlevel.config import TrainConfig
+from lowlevel.data import images as data_lib
+from lowlevel.models import catalogue as models
 from lowlevel.models.optimizers import make_optimizer
+from lowlevel.modes import exact, local_sgd, ps_products
+from lowlevel.outputs import checkpoints
+from lowlevel.runtime import evaluation, hooks, placement, shutdown, start
+from lowlevel.runtime import progress as progress_lib
 
 v1 = tf.compat.v1
 

@@ -22,9 +22,8 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import errors, events
+from lowlevel import errors, events, output_layout
 from lowlevel.outputs import storage
-from lowlevel import output_layout
 
 v1 = tf.compat.v1
 

@@ -34,9 +34,8 @@ from lowlevel import errors
 from lowlevel.cluster import probes
 from lowlevel.cluster.spec import PS, Cluster, Task
 from lowlevel.config import TrainConfig
-from lowlevel.models import input_fns
+from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
-from lowlevel.models import user
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.modes import exact, optimizer_capture

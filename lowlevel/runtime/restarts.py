@@ -35,8 +35,7 @@ from typing import Mapping, Optional
 
 from absl import logging
 
-from lowlevel import errors
-from lowlevel import output_layout
+from lowlevel import errors, output_layout
 from lowlevel.errors import RestartsSpent
 
 RUN_ID_ENV = "LOWLEVEL_RUN_ID"

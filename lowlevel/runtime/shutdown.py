@@ -60,8 +60,8 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
-from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.cluster.probes import POLL_SECS, reachable, wait_for_ps
+from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.errors import StartupError, peer_unreachable
 
 v1 = tf.compat.v1

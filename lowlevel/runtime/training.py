@@ -16,19 +16,15 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
-from lowlevel import events
-from lowlevel.outputs import checkpoints
-from lowlevel.runtime import faults, finish
-from lowlevel.runtime import loop
-from lowlevel.runtime import metrics as metrics_lib
+from lowlevel import errors, events, output_layout
 from lowlevel.cluster import probes
-from lowlevel.runtime import sessions
-from lowlevel.runtime.graph import TrainGraph
 from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
+from lowlevel.outputs import checkpoints
+from lowlevel.runtime import faults, finish, loop, sessions
+from lowlevel.runtime import metrics as metrics_lib
+from lowlevel.runtime.graph import TrainGraph
 from lowlevel.runtime.preemption import Preemption
-from lowlevel import errors
-from lowlevel import output_layout
 
 v1 = tf.compat.v1
 
