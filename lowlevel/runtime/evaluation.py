@@ -181,6 +181,51 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
         "chief running?")
 
 
+def continuous_eval_model(config: TrainConfig, model, eval_input_fn) -> dict:
+    """The evaluator of a user's model_fn (`trainables.ModelFn`): each new checkpoint, until that
+    of the final step, evaluated as `Estimator.evaluate` does (its eval_metric_ops, `loss`,
+    `global_step`; summaries in `<output_dir>/eval/`), with the built-in evaluator's bounds
+    (`_checkpoints`, `_bounded_io`) and records (`eval_metrics.json`).
+
+    Returns:
+      The record of the checkpoint whose global_step is >= `config.train_steps`.
+
+    Raises:
+      errors.EvalTimeout, errors.StorageTimeout: as `continuous_eval`.
+    """
+    from lowlevel.runtime import model_evaluation
+    records_path = output_layout.eval_records(config.output_dir)
+    os.makedirs(os.path.dirname(records_path), exist_ok=True)
+    records = _read_records(records_path)
+    logging.info("evaluator: watching %s for checkpoints until global step %d",
+                 config.output_dir, config.train_steps)
+    for path in _checkpoints(config):
+        try:
+            result = _bounded_io(lambda: model_evaluation.evaluate(
+                model, eval_input_fn, checkpoint_path=path), path, config.fault_timeout_secs,
+                "evaluating", "--fault_timeout_secs")
+        except (errors.StorageTimeout, errors.ModelFnError):
+            raise
+        except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile
+            logging.warning("evaluator: skipping %s, which is gone or unreadable "
+                            "(deleted by the chief's --keep_checkpoint_max?): %s",
+                            path, getattr(e, "message", e))
+            continue
+        record = {k: v.item() if hasattr(v, "item") else v for k, v in result.items()}
+        record.update(split="eval", checkpoint=os.path.basename(path))
+        records = [r for r in records if r["global_step"] != record["global_step"]] + [record]
+        _write_records(records_path, records)
+        metrics.evaluated(record)
+        logging.info("evaluator: step %d | %s", record["global_step"], " | ".join(
+            f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
+        if record["global_step"] >= config.train_steps:
+            return record
+    raise errors.EvalTimeout(
+        f"evaluator: no new checkpoint in {config.output_dir} for {config.eval_timeout_secs:g} "
+        f"s (--eval_timeout_secs) before the one of global step {config.train_steps}: is the "
+        "chief running?")
+
+
 def _bounded_io(io, what: str, limit_secs: float, doing: str, flag: str):
     """`io()`, abandoned (`faults.abandonable`) after `limit_secs` with `errors.StorageTimeout`.
 

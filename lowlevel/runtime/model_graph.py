@@ -160,9 +160,11 @@ def _step_value(spec, cap, global_step, last_step: int, cluster, model: ModelFnM
     train_op = spec.train_op
     if cap.step is not None and _depends_on(train_op, cap.step):
         return _after(train_op, cap.step)
-    if cap.sync_optimizer is not None and isinstance(train_op, tf.Tensor) and \
-            train_op.dtype.base_dtype == tf.int64:
-        return tf.identity(train_op)
+    if cap.sync_optimizer is not None:  # the chief's sync op moves global_step
+        if not isinstance(train_op, tf.Operation):  # the token (a lazily read local step)
+            return tf.identity(train_op)
+        with tf.control_dependencies([train_op]):
+            return global_step.read_value()
     if not _writes(train_op, global_step):
         raise errors.ModelFnError(
             f"model_fn {user.name(model.model_fn)}: its train_op does not increment the global "

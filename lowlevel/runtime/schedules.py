@@ -59,14 +59,18 @@ def evaluate(config: TrainConfig, task: Task, on_train_data: bool) -> int:
     """An evaluator: each new checkpoint until the final one; prints the last record."""
     import tensorflow as tf
 
-    from lowlevel.data import catalogue
-    from lowlevel.runtime import evaluation
+    from lowlevel.runtime import evaluation, trainables
     _log_cpus(task, None)
     _serving(None, task)
-    record = evaluation.continuous_eval(
-        config, catalogue.load_for(config), on_train_data,
-        tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
-                                 inter_op_parallelism_threads=config.inter_op_threads or 1))
+    trainable = trainables.for_config(config, None, task)
+    if isinstance(trainable, trainables.ModelFn):
+        record = evaluation.continuous_eval_model(config, trainable.model,
+                                                  trainable.eval_input_fn)
+    else:
+        record = evaluation.continuous_eval(
+            config, trainable.data, on_train_data,
+            tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
+                                     inter_op_parallelism_threads=config.inter_op_threads or 1))
     print(json.dumps(record), flush=True)
     return 0
 

@@ -4,7 +4,8 @@
         --input_fn=tests.user_models.digits:input_fn --params='{"hidden_units": [64]}'
 
 `params`: hidden_units (list of int), learning_rate (float, Adagrad), batch_size (int),
-sync (bool: wrap the optimizer in SyncReplicasOptimizer, with its hook).
+sync (bool: wrap the optimizer in SyncReplicasOptimizer, with its hook), workers (int, with
+sync).
 """
 
 import numpy as np
@@ -37,8 +38,11 @@ def input_fn(mode, params, config):
     return ds.batch(1000)
 
 
-def model_fn(features, labels, mode, params):
-    """An MLP of `params["hidden_units"]` from tf.compat.v1 variables, Adagrad, accuracy."""
+def model_fn(features, labels, mode, params, config=None):
+    """An MLP of `params["hidden_units"]` from tf.compat.v1 variables, Adagrad, accuracy.
+
+    With `params["sync"]` its optimizer is wrapped in `SyncReplicasOptimizer` for
+    `params["workers"]` workers, its hook made for `config.is_chief` (as TF1 code does)."""
     x = features["pixels"]
     for i, units in enumerate(params.get("hidden_units", [64])):
         w = v1.get_variable(f"hidden{i}/kernel", [x.shape[-1], units],
@@ -60,7 +64,7 @@ def model_fn(features, labels, mode, params):
     if params.get("sync"):
         opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=params["workers"],
                                              total_num_replicas=params["workers"])
-        hooks.append(opt.make_session_run_hook(params.get("is_chief", True)))
+        hooks.append(opt.make_session_run_hook(getattr(config, "is_chief", True)))
     train_op = opt.minimize(loss, global_step=v1.train.get_global_step())
     return _spec(mode=mode, loss=loss, train_op=train_op, predictions=predictions,
                  eval_metric_ops={"accuracy": accuracy}, training_hooks=hooks)
