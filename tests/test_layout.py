@@ -94,6 +94,24 @@ def test_only_errors_classifies_tensorflows_errors():
     assert found == []
 
 
+def test_nothing_in_the_runtime_branches_on_a_built_in_models_name():
+    """Built-in models are model_fns of the catalogue (`models/catalogue.py`); the runtime,
+    the modes, the outputs and the entry points treat them as any model: no comparison
+    with "mlp", "cnn", "softmax" or "wide_deep" there."""
+    from lowlevel.config import MODELS
+    found = []
+    for path, text in _sources("lowlevel"):
+        if path.startswith(os.path.join("lowlevel", "models")) or path.endswith("config.py"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Compare):
+                names = [c.value for c in [node.left, *node.comparators]
+                         if isinstance(c, ast.Constant)]
+                if any(n in MODELS for n in names):
+                    found.append(f"{path}:{node.lineno}")
+    assert found == []
+
+
 def test_no_function_over_60_lines_outside_tests():
     long = []
     for path, text in _sources("lowlevel", "benchmarks", "scripts"):

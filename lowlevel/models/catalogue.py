@@ -1,4 +1,11 @@
-"""Models built from `tf.compat.v1` primitives (`get_variable`, `tf.matmul`, `tf.nn.*`).
+"""The built-in models, as Estimator `model_fn`s built from `tf.compat.v1` primitives.
+
+`model_fn(features, labels, mode, params)` is the built-in models' model_fn, of the
+form a user's is (`lowlevel.models.spec`): softmax, mlp, cnn and wide_deep, named by
+`params["model"]`. The runtime builds a built-in model through it (`for_config`:
+its PREDICT-mode logits, which the exact and communication-reduced modes train with
+steps of their own); a user can run it as any model_fn
+(`--model=lowlevel.models.catalogue:model_fn`).
 
 `tf.compat.v1.layers` is gone under Keras 3, so layers here are a few lines
 each. All variables live under the `model/` variable scope with
@@ -11,6 +18,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from lowlevel.models import spec as spec_lib
 from lowlevel.models import wide_deep
 
 v1 = tf.compat.v1
@@ -41,12 +49,55 @@ def build(name: str, images, num_classes: int, hidden_units: Sequence[int], seed
         return builders[name](images, num_classes, tuple(hidden_units), seed)
 
 
+def model_fn(features, labels, mode, params):
+    """The built-in models as an Estimator model_fn; returns an `EstimatorSpec`.
+
+    Args:
+      features: images float32 `[B, H, W, C]` (in [0, 1]), or wide_deep's feature dict.
+      labels: int64 `[B]`, or None (PREDICT).
+      params: "model" (softmax, mlp, cnn, wide_deep), "num_classes", "hidden_units",
+        "seed" (default 0), "partitioner" and "sparse" (`wide_deep.Spec`) as `build`
+        takes them; for TRAIN "optimizer" and "learning_rate" (`optimizers.make_optimizer`).
+
+    Predictions: "logits", "classes" (int64 `[B]`), "probabilities" (softmax; a binary
+    model's sigmoid, `[B]`); eval metric "accuracy"; export output "serving_default".
+    """
+    logits = build(params["model"], features, params["num_classes"], params["hidden_units"],
+                   params.get("seed", 0), params.get("partitioner"), params.get("sparse"))
+    binary = logits.shape.rank == 1
+    classes = (tf.cast(logits > 0, tf.int64) if binary else
+               tf.argmax(logits, axis=1, output_type=tf.int64))
+    probabilities = tf.sigmoid(logits) if binary else tf.nn.softmax(logits)
+    predictions = {"logits": logits, "classes": classes, "probabilities": probabilities}
+    if mode == spec_lib.ModeKeys.PREDICT:
+        return spec_lib.EstimatorSpec(mode, predictions=predictions)
+    loss, _ = loss_and_accuracy(logits, labels)
+    train_op = None
+    if mode == spec_lib.ModeKeys.TRAIN:
+        from lowlevel.models.optimizers import make_optimizer
+        train_op = make_optimizer(params["optimizer"], params["learning_rate"]).minimize(
+            loss, global_step=v1.train.get_global_step())
+    return spec_lib.EstimatorSpec(
+        mode, predictions=predictions, loss=loss, train_op=train_op,
+        eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, classes)})
+
+
+def params_for(config, data, partitioner=None) -> dict:
+    """`model_fn`'s params for `config`'s model (a `TrainConfig`) on `data` (its classes,
+    its click-through fields for wide_deep)."""
+    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2)
+              if config.model == "wide_deep" else None)
+    return {"model": config.model, "num_classes": data.num_classes,
+            "hidden_units": tuple(config.hidden_units), "seed": config.seed,
+            "partitioner": partitioner, "sparse": sparse, "optimizer": config.optimizer,
+            "learning_rate": config.lr}
+
+
 def for_config(config, data, partitioner=None):
-    """`inputs -> logits` of `config`'s model (a `TrainConfig`) on `data` (its input's shape)."""
-    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2) if config.model == "wide_deep"
-              else None)
-    return lambda inputs: build(config.model, inputs, data.num_classes, config.hidden_units,
-                                config.seed, partitioner, sparse)
+    """`inputs -> logits` of `config`'s model on `data`: `model_fn`'s PREDICT-mode logits."""
+    params = params_for(config, data, partitioner)
+    return lambda inputs: model_fn(inputs, None, spec_lib.ModeKeys.PREDICT,
+                                   params).predictions["logits"]
 
 
 def _flatten(x):

@@ -51,12 +51,13 @@ OUTPUTS = ("probabilities", "classes")
 METADATA = os.path.join("assets.extra", "lowlevel_export.json")
 
 
-def exportable(config: TrainConfig) -> bool:
-    """Whether `config`'s model has an export: the image models (wide_deep takes feature
-    dicts, which the `images` signature does not describe; not exported yet)."""
-    if config.model == "wide_deep":
-        logging.info("no SavedModel export for --model=wide_deep (its input is a dict of "
-                     "features, not images); the checkpoints hold the model")
+def exportable(data) -> bool:
+    """Whether a model on `data` has this export: one of images (`image_shape`); a
+    click-through model takes feature dicts, which the `images` signature does not
+    describe (not exported yet)."""
+    if not hasattr(data, "image_shape"):
+        logging.info("no SavedModel export for a model of %s (its input is a dict of "
+                     "features, not images); the checkpoints hold the model", data.name)
         return False
     return True
 
@@ -81,7 +82,7 @@ def export(checkpoint_path: str, base: str, config: TrainConfig, data: data_lib.
       tf.errors.OpError, OSError: the checkpoint cannot be read, or the
         export cannot be written (no partial export is left behind).
     """
-    if not exportable(config):
+    if not exportable(data):
         return None
     step = int(tf.train.load_checkpoint(checkpoint_path).get_tensor(checkpoints.GLOBAL_STEP))
     target = os.path.join(base, str(step))
@@ -118,14 +119,13 @@ def ensure_exported(checkpoint_path: str, step: int, config: TrainConfig) -> Opt
     there is something to export. Returns the export's directory, or None
     with `--keep_exports=0`.
     """
-    if not (config.builtin and config.keep_exports and config.output_dir and
-            exportable(config)):
+    if not (config.builtin and config.keep_exports and config.output_dir):
         return None
     base = output_layout.export_base(config.output_dir)
     if os.path.isdir(os.path.join(base, str(step))):
         return os.path.join(base, str(step))
-    data = data_lib.load(config.dataset, config.data_dir)
-    return export(checkpoint_path, base, config, data, config.keep_exports)
+    from lowlevel.data import catalogue
+    return export(checkpoint_path, base, config, catalogue.load_for(config), config.keep_exports)
 
 
 def exports(base: str) -> list[str]:
