@@ -15,7 +15,10 @@ vectors; the parameter servers compute the weight update):
 
 Each layer takes whichever of classic, weight_gradient and forward moves the
 fewest bytes (`choose`). The ops and their inputs are the ones the classic
-step runs; only their device changes, so a step computes the same values. The
+step runs; only their device changes, so a step computes the same values:
+bitwise when the ps and the worker compute with as many intra-op threads (by
+default the ps has 1 and a worker the cores, and TensorFlow's Eigen matmul,
+without oneDNN, may round differently with another thread count). The
 ps does the arithmetic the worker did: `--ps_products=false` keeps it on the
 worker, for a ps whose CPU, not its network, bounds a cluster (one ps serving
 many workers on other machines); a GPU worker keeps it (`lowlevel.runtime.graph`).
