@@ -9,6 +9,7 @@ configurations get `_h<width>` appended.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from typing import Optional
 
@@ -25,20 +26,28 @@ REF_PARAMS = 669_706  # MLP 784-512-512-10
 # 2026-11-24 (batch 128): local 135-160, lowlevel exact 72 (1 worker) and 40 (2 x 0.6),
 # comm_reduced 118-132 (1 worker) and 66-78 (2). A guess above the truth lengthens the
 # run: 250 made the first communication-reduced runs 2x the 2.5 s --quick window.
+# estimator (lowlevel training benchmarks/estimator_model.py's model_fn): 55 on 1 ps + 1
+# worker, load 2-5, 2026-11-25.
 PRIOR_STEPS_PER_SEC = {"local": 160.0, "classic": 90.0, "lowlevel": 75.0, "tf2_pss": 45.0,
-                       "comm_reduced": 135.0}
+                       "comm_reduced": 135.0, "estimator": 60.0}
+# The estimator suite's built-in exact mode without the dense layers' products on the ps
+# (`--ps_products=false`): only the fused transfer of the small variables is left of what
+# exact mode does beyond the textbook step.
+EXACT_NO_PRODUCTS = "exact_noproducts"
+MODEL_FN = "benchmarks.estimator_model:model_fn"
+INPUT_FN = "benchmarks.estimator_model:input_fn"
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     name: str
-    trainer: str  # local | lowlevel | classic | tf2_pss
-    mode: str  # exact | comm_reduced for lowlevel; n/a for the others
+    trainer: str  # local | lowlevel | classic | tf2_pss | estimator (lowlevel on a model_fn)
+    mode: str  # exact | comm_reduced | exact_noproducts for lowlevel; n/a for the others
     num_ps: int
     num_workers: int
     sync: bool
     hidden: tuple
-    part: str = "main"  # main | sweep | accuracy
+    part: str = "main"  # main | sweep | accuracy | estimator
     dataset: str = "synthetic"
 
     @property
@@ -100,7 +109,7 @@ def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size
                lowlevel_flags: tuple = (), runners=_runners) -> dict:
     """Runs the configuration's trainer: `warmup` + `measured` local steps per worker.
 
-    `lowlevel_flags` are appended to the lowlevel (and local) trainer commands only.
+    `lowlevel_flags` are appended to the lowlevel (local, estimator) trainer commands only.
     `runners`: what starts the processes, `_runners` (this machine) or an object with
     the same `run_lowlevel`, `run_classic` and `run_tf2_pss` (`_link_runners.OnHosts`:
     every task on its own host behind a bandwidth-limited link).
@@ -124,6 +133,18 @@ def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size
             flags_.append("--sync")
         if cfg.mode == "comm_reduced":
             flags_.append(f"--communication_period={period}")
+        if cfg.mode == EXACT_NO_PRODUCTS:
+            flags_.append("--ps_products=false")
+        flags_ += list(lowlevel_flags)
+        return runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
+                                     batch)
+    if cfg.trainer == "estimator":  # the same runtime, on benchmarks/estimator_model.py
+        params = {"hidden_units": list(cfg.hidden), "learning_rate": learning_rate,
+                  "batch_size": batch_size}
+        flags_ = [f"--model={MODEL_FN}", f"--input_fn={INPUT_FN}",
+                  f"--params={json.dumps(params)}", f"--warmup_steps={warmup}",
+                  "--save_checkpoint_secs=100000", "--log_every_secs=5",
+                  f"--train_steps={global_steps}"]
         flags_ += list(lowlevel_flags)
         return runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
                                      batch)

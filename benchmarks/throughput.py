@@ -44,6 +44,14 @@ seconds from the first process start to the first step of the last worker; shutd
 seconds from the last step to every process gone (null for the references, whose ps
 never exits).
 
+The estimator suite (`--suite=estimator`, benchmarks/estimator_suite.py): a user's
+Estimator model_fn (benchmarks/estimator_model.py, the same MLP building its own train_op)
+trained by lowlevel's runtime against the textbook trainer, 1 ps + 1 and 1 ps + 2 workers,
+with lowlevel's built-in MLP in exact mode (with and without --ps_products) beside them,
+`--repeats` rounds; targets: the model_fn at >= 1.0x the textbook trainer on both shapes.
+Not part of the default suites or of --quick. Alone, its defaults are 5 rounds of 8 s
+windows after 3 s of warm-up (`ESTIMATOR`; ~20 min on 2 loaded cores).
+
 Bandwidth-limited links (`--link=1gbit`, a sweep `--link=10gbit,1gbit,100mbit`): the
 configurations with a ps run with every task on its own host (a network namespace) whose
 link has that rate; see benchmarks/_linkbench.py. Needs root.
@@ -68,7 +76,7 @@ from typing import Optional
 
 from absl import app, flags
 
-from benchmarks import _configs, _linkbench, _report, _runners, sparse
+from benchmarks import _configs, _linkbench, _report, _runners, estimator_suite, sparse
 from lowlevel.outputs import files as lowlevel_files
 from lowlevel import cli
 
@@ -132,8 +140,13 @@ flags.DEFINE_list("link", None, "Link rates as tc writes them (10gbit, 1gbit, 10
 flags.DEFINE_integer("seed", 0, "Seed of the shuffled order within rounds.")
 flags.DEFINE_list("suite", ["dense", "sparse"], "What to run: dense (the MLP configurations, "
                   "sweep, accuracy, placement) and/or sparse (wide & deep on a 10 M-row table, "
-                  "benchmarks/sparse.py; short in --quick). Default: both, or dense only "
-                  "when --configs is given (a subset of the dense configurations).")
+                  "benchmarks/sparse.py; short in --quick) and/or estimator (a user's model_fn "
+                  "through lowlevel against the textbook trainer, benchmarks/estimator_suite.py; "
+                  "only when named). Default: dense and sparse, or dense only when --configs is "
+                  "given (a subset of the dense configurations).")
+flags.DEFINE_list("estimator_configs", None, "The estimator suite's configurations (default: "
+                  "all: classic_, estimator_, lowlevel_ (exact and exact_noproducts) on 1ps1w "
+                  "and 1ps2w); a lowlevel one may end in :exact or :exact_noproducts.")
 sparse.define_flags(flags)
 
 # Quick: one round of each configuration a target needs (local, lowlevel_1ps1w,
@@ -153,9 +166,18 @@ QUICK = {"repeats": 1, "headline_repeats": 3, "measure_secs": 2.5, "min_steps": 
                       "lowlevel_1ps2w:exact", "lowlevel_1ps2w_sync:exact", "tf2_pss_1ps2w:n/a"]}
 
 
+# --suite=estimator alone (flags given explicitly win): more rounds, longer windows and a
+# warm-up that covers the skew of the workers' starts. At load 8-10 on this 2-core machine
+# single rounds of the 1 ps + 2 workers ratio spread over 0.86-1.13 with 5 s windows and
+# ~1 s of warm-up, and a worker started up to 2.3 s before the other, training alone in
+# part of its window (2026-11-25).
+ESTIMATOR = {"repeats": 5, "measure_secs": 8.0, "warmup_secs": 3.0, "warmup_steps": 300}
+
+
 class Bench:
-    def __init__(self, out: str):
+    def __init__(self, out: str, prefix: str = ""):
         self.out = out
+        self.prefix = prefix  # of every run's directory under runs/ (one per suite)
         self.runs: list = []
         self.rates: dict = {}
         self.notes: list = []
@@ -200,7 +222,8 @@ class Bench:
             return run
         self.count += 1
         warmup, measured = self.steps(cfg)
-        workdir = os.path.join(self.out, "runs", f"{self.count:03d}-{cfg.name}-{cfg.mode}")
+        workdir = os.path.join(self.out, "runs",
+                               f"{self.prefix}{self.count:03d}-{cfg.name}-{cfg.mode}")
         shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir)
         started = time.monotonic()
@@ -326,7 +349,7 @@ def meta(argv, started: float) -> dict:
                 "quick", "configs", "repeats", "headline_repeats", "headline", "measure_secs", "warmup_secs", "warmup_steps", "min_steps",
                 "sweep_widths", "sweep_repeats", "communication_period", "modes",
                 "hidden_units", "batch_size", "learning_rate", "accuracy_steps", "lowlevel_flags",
-                "suite")}}
+                "suite", "estimator_configs")}}
 
 
 def write(bench: Bench, result: dict, final: bool) -> None:
@@ -341,16 +364,25 @@ def write(bench: Bench, result: dict, final: bool) -> None:
         result["targets"] = {}
     if result.get("sparse"):
         result["targets"].update(result["sparse"]["targets"])
+    if result.get("estimator"):
+        result["targets"].update(result["estimator"]["targets"])
     lowlevel_files.write_json(os.path.join(bench.out, "results.json"), result, indent=1)
     if final:
         with open(os.path.join(bench.out, "results.md"), "w") as f:
-            if records or not result.get("sparse"):
+            if records or not (result.get("sparse") or result.get("estimator")):
                 f.write(_report.markdown(result))
-            else:  # --suite=sparse alone: no dense table, ratio or plot to show
-                f.write(f"# Throughput benchmark\n\n`{result['meta']['command']}` — "
-                        f"{result['meta']['date']}, {result['meta']['wall_secs']:.0f} s.\n")
+            else:  # --suite=sparse or estimator alone: no dense table, ratio or plot to show
+                meta_ = result["meta"]
+                f.write(f"# Throughput benchmark\n\n`{meta_['command']}` — {meta_['date']}, "
+                        f"{meta_['cpu_count']} cores ({meta_.get('cpu_model', '?')}), "
+                        f"TensorFlow {meta_.get('tensorflow', '?')}, commit "
+                        f"{meta_.get('git_commit')}, load average {meta_.get('loadavg_start')} "
+                        f"at start, {meta_.get('loadavg_end')} at the end, "
+                        f"{meta_['wall_secs']:.0f} s.\n")
             if result.get("sparse"):
                 f.write("\n" + sparse.markdown(result["sparse"]))
+            if result.get("estimator"):
+                f.write("\n" + estimator_suite.markdown(result["estimator"]))
         if records:
             _report.plot(records, os.path.join(bench.out, "throughput.png"))
 
@@ -365,10 +397,19 @@ def apply_flags() -> None:
         for name, value in QUICK.items():
             if not FLAGS[name].present:
                 FLAGS[name].value = value
+    elif FLAGS.suite == ["estimator"]:
+        for name, value in ESTIMATOR.items():
+            if not FLAGS[name].present:
+                FLAGS[name].value = value
     if FLAGS["configs"].present and not FLAGS["suite"].present:
         FLAGS.suite = ["dense"]  # --configs picks dense configurations: run just those
-    if set(FLAGS.suite) - {"dense", "sparse"} or not FLAGS.suite:
-        raise app.UsageError(f"--suite={','.join(FLAGS.suite)}: expected dense, sparse or both")
+    if set(FLAGS.suite) - {"dense", "sparse", "estimator"} or not FLAGS.suite:
+        raise app.UsageError(f"--suite={','.join(FLAGS.suite)}: expected some of dense, "
+                             "sparse, estimator")
+    try:
+        estimator_suite.configs((), FLAGS.estimator_configs)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
     if "dense" not in FLAGS.suite:  # nothing of the dense suite runs
         FLAGS.configs, FLAGS.sweep_widths, FLAGS.accuracy, FLAGS.placement = [], [], False, False
         FLAGS.modes = ["exact"]  # no probe of the comm_reduced mode
@@ -450,10 +491,11 @@ def main(argv):
                   for c in _configs.selected(_configs.SWEEP, modes, (int(w), int(w)),
                                              FLAGS.configs, "sweep")]
     total = count_runs(bench, main_cfgs, sweep_cfgs, modes)
-    print(f"throughput: {len(main_cfgs)} configurations x {FLAGS.repeats} round(s) "
-          f"(headline ones x {max(FLAGS.headline_repeats or 0, FLAGS.repeats)}), "
-          f"{len(sweep_cfgs)} sweep run(s) x {FLAGS.sweep_repeats}, accuracy "
-          f"{'on' if FLAGS.accuracy else 'off'}; output in {out}", flush=True)
+    if "dense" in FLAGS.suite:
+        print(f"throughput: {len(main_cfgs)} configurations x {FLAGS.repeats} round(s) "
+              f"(headline ones x {max(FLAGS.headline_repeats or 0, FLAGS.repeats)}), "
+              f"{len(sweep_cfgs)} sweep run(s) x {FLAGS.sweep_repeats}, accuracy "
+              f"{'on' if FLAGS.accuracy else 'off'}; output in {out}", flush=True)
     if FLAGS.placement:
         result["placement"] = _runners.placement_balance(hidden)
     run_rounds(bench, result, main_cfgs, sweep_cfgs, total)
@@ -462,26 +504,47 @@ def main(argv):
     if "sparse" in FLAGS.suite:
         result["sparse"] = sparse.run_suite(sparse.settings_from_flags(FLAGS, FLAGS.quick), out,
                                             FLAGS.seed, log=lambda line: print(line, flush=True))
+    if "estimator" in FLAGS.suite:
+        result["estimator"] = run_estimator(result, hidden, bench)
     write(bench, result, final=True)
     print_summary(result, out)
     return 0
 
 
+def run_estimator(result: dict, hidden: tuple, dense: Bench) -> dict:
+    """The estimator suite (`estimator_suite`) with its own `Bench` (its runs in
+    runs/estimator-*), results.json rewritten after each run; returns its section."""
+    bench = Bench(dense.out, prefix="estimator-")
+
+    def progress(section: dict) -> None:
+        result["estimator"] = section
+        write(dense, result, final=False)
+
+    return estimator_suite.run_suite(estimator_suite.configs(hidden, FLAGS.estimator_configs),
+                                     FLAGS.repeats, bench.run,
+                                     log=lambda line: print(line, flush=True), on_run=progress)
+
+
 def print_summary(result: dict, out: str) -> None:
-    print("\n" + _report.table([r for r in result["records"] if r["part"] != "accuracy"]))
+    if result["records"]:
+        print("\n" + _report.table([r for r in result["records"] if r["part"] != "accuracy"]))
     if result.get("accuracy"):
         print("\n" + _report.accuracy_text(result["accuracy"]))
     if result.get("sparse"):
         print("\n" + sparse.markdown(result["sparse"]))
+    if result.get("estimator"):
+        print("\n" + estimator_suite.markdown(result["estimator"]))
     print("\n" + _report.targets_table(result["targets"]))
-    extra = {k: v for k, v in result["ratios"].items() if k not in result["targets"]}
-    print("other ratios: " + json.dumps(extra))
-    ran = [r for r in result["runs"] if r.get("ok")]
-    skipped = [r for r in result["runs"] if r.get("skipped")]
-    failed = len(result["runs"]) - len(ran) - len(skipped)
+    if result["records"]:
+        extra = {k: v for k, v in result["ratios"].items() if k not in result["targets"]}
+        print("other ratios: " + json.dumps(extra))
+    runs = result["runs"] + (result.get("estimator") or {}).get("runs", [])
+    ran = [r for r in runs if r.get("ok")]
+    skipped = [r for r in runs if r.get("skipped")]
+    failed = len(runs) - len(ran) - len(skipped)
     print(f"\nthroughput: {len(ran)} runs ({failed} failed, {len(skipped)} skipped) in "
-          f"{result['meta']['wall_secs']:.0f} s; {out}/results.json, results.md, "
-          f"throughput.png", flush=True)
+          f"{result['meta']['wall_secs']:.0f} s; {out}/results.json, results.md"
+          f"{', throughput.png' if result['records'] else ''}", flush=True)
 
 
 if __name__ == "__main__":
