@@ -115,13 +115,7 @@ def targets(ratio: dict) -> dict:
     for key, v in ratio.items():
         name, _, rate = key.partition("@")
         canon[f"{name}@{_links.format_rate(_links.parse_rate(rate))}"] = v
-    out = {}
-    for key, (op, bound) in TARGETS.items():
-        v = canon.get(key)
-        status = "SKIP" if v is None else (
-            "PASS" if (v >= bound if op == ">=" else v <= bound) else "FAIL")
-        out[key] = {"value": v, "op": op, "bound": bound, "status": status}
-    return out
+    return _report.judge(canon, TARGETS)
 
 
 def aggregate(runs: list) -> list:

@@ -148,15 +148,18 @@ def targets(ratio: dict, records: list, accuracy: Optional[dict]) -> dict:
             values[f"shutdown_secs_lowlevel_1ps2w{suffix}"] = rec["shutdown_secs"]
     if accuracy:
         values["accuracy_drop_comm_reduced"] = accuracy.get("drop")
+    return judge(values, TARGETS)
+
+
+def judge(values: dict, table: dict) -> dict:
+    """Each target of `table` ({name: (">=" or "<=", bound)}) judged on `values`
+    ({name: float or None}): {name: {value, op, bound, status PASS|FAIL|SKIP}}, SKIP when
+    the figure is missing. Every suite's targets go through this."""
     out = {}
-    for key, (op, bound) in TARGETS.items():
+    for key, (op, bound) in table.items():
         v = values.get(key)
-        if v is None:
-            status = "SKIP"
-        elif op == ">=":
-            status = "PASS" if v >= bound else "FAIL"
-        else:
-            status = "PASS" if v <= bound else "FAIL"
+        status = ("SKIP" if v is None else
+                  "PASS" if (v >= bound if op == ">=" else v <= bound) else "FAIL")
         out[key] = {"value": v, "op": op, "bound": bound, "status": status}
     return out
 

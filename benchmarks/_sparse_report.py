@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import statistics
 
+from benchmarks import _report
+
 TRAINERS = ("lowlevel", "classic", "tf2_pss")
-# target -> (figure, op, bound): the issue's targets, ratios within one run
+# target -> (op, bound): the issue's targets, ratios within one run
 TARGETS = {
     "sparse_bytes_over_limit": ("<=", 1.2),
     "sparse_lowlevel_over_classic": (">=", 2.0),
@@ -72,14 +74,8 @@ def ratios(runs: list, lim: dict) -> dict:
 
 
 def targets(ratio: dict) -> dict:
-    """{name: {value, op, bound, status PASS|FAIL|SKIP}}, as `_report.targets`."""
-    out = {}
-    for key, (op, bound) in TARGETS.items():
-        v = ratio.get(key)
-        status = ("SKIP" if v is None else "PASS" if (v >= bound if op == ">=" else v <= bound)
-                  else "FAIL")
-        out[key] = {"value": v, "op": op, "bound": bound, "status": status}
-    return out
+    """{name: {value, op, bound, status PASS|FAIL|SKIP}} of `TARGETS` (`_report.judge`)."""
+    return _report.judge(ratio, TARGETS)
 
 
 def _f(v, fmt):

@@ -136,14 +136,8 @@ def ratios(runs: list) -> dict:
 
 
 def targets(ratio: dict) -> dict:
-    """{name: {value, op, bound, status PASS|FAIL|SKIP}}, as `_report.targets`."""
-    out = {}
-    for key, (op, bound) in TARGETS.items():
-        v = ratio.get(key)
-        status = ("SKIP" if v is None else "PASS" if (v >= bound if op == ">=" else v <= bound)
-                  else "FAIL")
-        out[key] = {"value": v, "op": op, "bound": bound, "status": status}
-    return out
+    """{name: {value, op, bound, status PASS|FAIL|SKIP}} of `TARGETS` (`_report.judge`)."""
+    return _report.judge(ratio, TARGETS)
 
 
 def run_suite(cfgs: list, repeats: int, run: Callable, log=print,
