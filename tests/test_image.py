@@ -241,12 +241,17 @@ def test_the_lock_installs_alone_and_the_trainer_runs_under_any_uid_on_a_read_on
     os.chmod(out, 0o770)
     os.chmod(tmp_path, 0o755)
     # (/srv and /media: empty directories of the host's that stay so: the mounts are in a
-    # mount namespace of this test's own; the project goes to /media, /tmp being covered.)
+    # mount namespace of this test's own. The venv and the project are bound under a tmpfs
+    # at /media, as an image holds them at a path of its own: where this checkout lives --
+    # maybe under /tmp, which the pod's emptyDir covers, or in a 0700 directory such as
+    # mktemp's -- is then neither hidden nor closed to the arbitrary UID.)
     trainer = (f"exec setpriv --reuid=1000660000 --regid=0 --clear-groups env -i "
-               f"HOME=/tmp PATH=/usr/bin:/bin PYTHONPATH=/media PYTHONDONTWRITEBYTECODE=1 "
-               f"{python} -m lowlevel.trainer --output_dir=/srv --train_steps=30 "
+               f"HOME=/tmp PATH=/usr/bin:/bin PYTHONPATH=/media/site PYTHONDONTWRITEBYTECODE=1 "
+               f"/media/venv/bin/python -m lowlevel.trainer --output_dir=/srv --train_steps=30 "
                f"--save_checkpoint_steps=10 --keep_exports=1")
-    script = (f"mount --bind {out} /srv && mount --bind {target} /media && "
+    script = (f"mount -t tmpfs -o size=1m,mode=755 tmpfs /media && "
+              f"mkdir /media/site /media/venv && mount --bind {target} /media/site && "
+              f"mount --bind {venv} /media/venv && mount --bind {out} /srv && "
               f"mount -o remount,bind,ro / && mount -t tmpfs -o size=512m tmpfs /tmp && "
               f"cd /tmp && {trainer}")
     run = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
