@@ -223,3 +223,45 @@ def test_the_watchdog_ends_a_task_stuck_past_the_limit_with_200_and_its_line():
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("lowlevel.trainer: error: worker1: no step completed for ") and \
         "(exit status 200; retryable: restart this task)" in last, last
+
+
+STUCK_RUN_SCRIPT = """
+import time
+from lowlevel.runtime import faults
+watch = faults.FaultWatch("worker0", [], step_timeout_secs=0.5, fault_timeout_secs=1.0)
+watch.outage.watchdog(poll_secs=0.1, grace_secs=0.5)
+watch.run(lambda options: time.sleep(60))  # a run TensorFlow does not end at its deadline
+"""
+
+
+def test_a_run_in_flight_past_its_deadline_is_an_outage_from_its_start():
+    now = [100.0]
+    outage = faults.Outage("worker0", [], 90.0, clock=lambda: now[0])
+    assert outage.overdue_since(10.0) is None  # no run, no outage
+    outage.run_started, outage.run_timeout_secs = 100.0, 60.0
+    now[0] = 170.0  # 70 s in flight: the deadline plus the grace, not past it
+    assert outage.overdue_since(10.0) is None
+    now[0] = 170.5
+    assert outage.overdue_since(10.0) == 100.0
+    outage.begin(150.0)  # an outage under way wins
+    assert outage.overdue_since(10.0) == 150.0
+
+
+@pytest.mark.cluster  # a process of its own (TensorFlow's import: seconds)
+@pytest.mark.timeout(120)
+def test_the_watchdog_ends_a_run_stuck_past_its_deadline_with_200():
+    """After a ps restart a step cancelled at its deadline returned only 60 s later
+    (TensorFlow's "RunStep still blocked"): no outage had begun, and the chief gave up
+    190 s after its last step instead of --fault_timeout_secs + the grace."""
+    import subprocess
+    import sys
+
+    import clusters
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", STUCK_RUN_SCRIPT], cwd=clusters.ROOT,
+                            env=clusters.ENV, capture_output=True, text=True, timeout=100)
+    assert result.returncode == 200, result.stderr[-2000:]
+    assert time.monotonic() - started < 50  # not the 60 s sleep
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("lowlevel.trainer: error: worker0: no step completed for ") and \
+        "(exit status 200; retryable: restart this task)" in last, last

@@ -81,6 +81,7 @@ class Outage:
     Attributes:
       run_started: when the training run under way started (`FaultWatch.run`
         sets it), or None between runs.
+      run_timeout_secs: that run's deadline, seconds (None between runs).
     """
 
     def __init__(self, task_name: str, peers: Sequence[tuple[str, str]],
@@ -89,6 +90,7 @@ class Outage:
         self.peers = list(peers)
         self.fault_timeout_secs = fault_timeout_secs
         self.run_started: Optional[float] = None
+        self.run_timeout_secs: Optional[float] = None
         self._clock = clock
         self._lock = threading.Lock()
         self._since: Optional[float] = None
@@ -118,6 +120,19 @@ class Outage:
         """Seconds left before the outage under way ends the task (inf without one)."""
         since = self._since
         return float("inf") if since is None else since + self.fault_timeout_secs - self._clock()
+
+    def overdue_since(self, grace_secs: float) -> Optional[float]:
+        """The start of the outage under way; or, without one, the start of a run still in
+        flight `grace_secs` past its own deadline (TensorFlow did not return at the deadline:
+        seen after a ps restart, a step cancelled at 60 s that returned 60 s later,
+        "RunStep still blocked after 60 seconds"); else None."""
+        since, started, timeout = self._since, self.run_started, self.run_timeout_secs
+        if since is not None:
+            return since
+        if started is not None and timeout is not None and \
+                self._clock() - started > timeout + grace_secs:
+            return started
+        return None
 
     def check(self, what: Optional[str] = None) -> None:
         """Raises `NetworkFault` if the outage under way has lasted `fault_timeout_secs`."""
@@ -163,14 +178,18 @@ class Outage:
         """Starts a daemon thread that ends the process with status 200 (`NetworkFault`'s
         line on stderr, as the trainer writes it) if an outage lasts `grace_secs`
         (`WATCHDOG_GRACE_SECS`) past `fault_timeout_secs`: the main thread is then stuck in
-        a call TensorFlow gives no deadline (a close, a hook's run past the limit)."""
+        a call TensorFlow gives no deadline (a close, a hook's run past the limit). A run
+        still in flight `grace_secs` past its own deadline counts as an outage begun when
+        the run did (`overdue_since`), as a run that times out does."""
         grace = WATCHDOG_GRACE_SECS if grace_secs is None else grace_secs
 
         def watch():
             while True:
                 time.sleep(poll_secs)
-                if self._since is None or self.remaining() > -grace:
+                since = self.overdue_since(grace)
+                if since is None or since + self.fault_timeout_secs - self._clock() > -grace:
                     continue
+                self.begin(since)
                 fault = self.give_up()
                 logging.error("%s: the main thread is stuck in a call with no deadline %.0f s "
                               "past the limit; exiting", self.task_name, grace)
@@ -225,14 +244,16 @@ class FaultWatch:
         """
         while True:
             self.outage.check(what)
+            options = self._options()
             self.outage.run_started = self._clock()
+            self.outage.run_timeout_secs = options.timeout_in_ms / 1000.0
             try:
-                value = fn(self._options())
+                value = fn(options)
             except tf.errors.DeadlineExceededError as e:
                 self.timed_out(what, e, global_step)
                 continue
             finally:
-                self.outage.run_started = None
+                self.outage.run_started = self.outage.run_timeout_secs = None
             self.answered(global_step)
             return value
 
