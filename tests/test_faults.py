@@ -234,7 +234,7 @@ watch.run(lambda options: time.sleep(60))  # a run TensorFlow does not end at it
 """
 
 
-def test_a_run_in_flight_past_its_deadline_is_an_outage_from_its_start():
+def test_a_run_in_flight_past_its_deadline_is_an_outage_from_the_deadline():
     now = [100.0]
     outage = faults.Outage("worker0", [], 90.0, clock=lambda: now[0])
     assert outage.overdue_since(10.0) is None  # no run, no outage
@@ -242,7 +242,7 @@ def test_a_run_in_flight_past_its_deadline_is_an_outage_from_its_start():
     now[0] = 170.0  # 70 s in flight: the deadline plus the grace, not past it
     assert outage.overdue_since(10.0) is None
     now[0] = 170.5
-    assert outage.overdue_since(10.0) == 100.0
+    assert outage.overdue_since(10.0) == 160.0
     outage.begin(150.0)  # an outage under way wins
     assert outage.overdue_since(10.0) == 150.0
 
@@ -252,7 +252,7 @@ def test_a_run_in_flight_past_its_deadline_is_an_outage_from_its_start():
 def test_the_watchdog_ends_a_run_stuck_past_its_deadline_with_200():
     """After a ps restart a step cancelled at its deadline returned only 60 s later
     (TensorFlow's "RunStep still blocked"): no outage had begun, and the chief gave up
-    190 s after its last step instead of --fault_timeout_secs + the grace."""
+    190 s after its last step, past the deadline + --fault_timeout_secs + the grace."""
     import subprocess
     import sys
 

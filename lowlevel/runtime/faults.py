@@ -122,16 +122,17 @@ class Outage:
         return float("inf") if since is None else since + self.fault_timeout_secs - self._clock()
 
     def overdue_since(self, grace_secs: float) -> Optional[float]:
-        """The start of the outage under way; or, without one, the start of a run still in
-        flight `grace_secs` past its own deadline (TensorFlow did not return at the deadline:
-        seen after a ps restart, a step cancelled at 60 s that returned 60 s later,
-        "RunStep still blocked after 60 seconds"); else None."""
+        """The start of the outage under way; or, without one, the deadline of a run still
+        in flight `grace_secs` past it (TensorFlow did not return at the deadline: seen after
+        a ps restart, a step cancelled at 60 s that returned 60 s later, "RunStep still
+        blocked after 60 seconds"); else None. From the deadline, not the run's start: a
+        monitored run's hooks (a checkpoint save in `after_run`) may legitimately outlast it."""
         since, started, timeout = self._since, self.run_started, self.run_timeout_secs
         if since is not None:
             return since
         if started is not None and timeout is not None and \
                 self._clock() - started > timeout + grace_secs:
-            return started
+            return started + timeout
         return None
 
     def check(self, what: Optional[str] = None) -> None:
@@ -179,8 +180,8 @@ class Outage:
         line on stderr, as the trainer writes it) if an outage lasts `grace_secs`
         (`WATCHDOG_GRACE_SECS`) past `fault_timeout_secs`: the main thread is then stuck in
         a call TensorFlow gives no deadline (a close, a hook's run past the limit). A run
-        still in flight `grace_secs` past its own deadline counts as an outage begun when
-        the run did (`overdue_since`), as a run that times out does."""
+        still in flight `grace_secs` past its own deadline counts as an outage begun at that
+        deadline (`overdue_since`)."""
         grace = WATCHDOG_GRACE_SECS if grace_secs is None else grace_secs
 
         def watch():
