@@ -211,17 +211,23 @@ time.sleep(60)  # the main thread stuck in a call with no deadline (it lets go o
 @pytest.mark.cluster  # a process of its own (TensorFlow's import: seconds)
 @pytest.mark.timeout(120)
 def test_the_watchdog_ends_a_task_stuck_past_the_limit_with_200_and_its_line():
+    _ends_with_200_naming(WATCHDOG_SCRIPT, "worker1")
+
+
+def _ends_with_200_naming(script: str, task: str) -> None:
+    """Runs `script` in a Python process of its own: it must exit 200 well before its 60 s
+    sleep, its last line the trainer's for `task`'s NetworkFault."""
     import subprocess
     import sys
 
     import clusters
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", WATCHDOG_SCRIPT], cwd=clusters.ROOT,
+    result = subprocess.run([sys.executable, "-c", script], cwd=clusters.ROOT,
                             env=clusters.ENV, capture_output=True, text=True, timeout=100)
     assert result.returncode == 200, result.stderr[-2000:]
     assert time.monotonic() - started < 50  # not the 60 s sleep
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("lowlevel.trainer: error: worker1: no step completed for ") and \
+    assert last.startswith(f"lowlevel.trainer: error: {task}: no step completed for ") and \
         "(exit status 200; retryable: restart this task)" in last, last
 
 
@@ -253,15 +259,4 @@ def test_the_watchdog_ends_a_run_stuck_past_its_deadline_with_200():
     """After a ps restart a step cancelled at its deadline returned only 60 s later
     (TensorFlow's "RunStep still blocked"): no outage had begun, and the chief gave up
     190 s after its last step, past the deadline + --fault_timeout_secs + the grace."""
-    import subprocess
-    import sys
-
-    import clusters
-    started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", STUCK_RUN_SCRIPT], cwd=clusters.ROOT,
-                            env=clusters.ENV, capture_output=True, text=True, timeout=100)
-    assert result.returncode == 200, result.stderr[-2000:]
-    assert time.monotonic() - started < 50  # not the 60 s sleep
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("lowlevel.trainer: error: worker0: no step completed for ") and \
-        "(exit status 200; retryable: restart this task)" in last, last
+    _ends_with_200_naming(STUCK_RUN_SCRIPT, "worker0")
