@@ -114,8 +114,5 @@ def markdown(sparse: dict) -> str:
             f"{_f(r['imbalance'], '.3f')} | "
             f"{', '.join(f'{k} {v:,.0f}' for k, v in sorted(r['peak_rss_mb'].items()))} | "
             f"{_f(r['startup_secs'], '.1f')} |")
-    lines += ["", "| target | value | bound | status |", "|---|---|---|---|"]
-    for k, t in sparse["targets"].items():
-        lines.append(f"| {k} | {_f(t['value'], '.3f')} | {t['op']} {t['bound']:g} | "
-                     f"{t['status']} |")
+    lines += ["", _report.targets_table(sparse["targets"])]
     return "\n".join(lines) + "\n"

@@ -202,8 +202,5 @@ def markdown(est: dict) -> str:
     for k in RATIOS:
         lines.append(f"| {k} | " + " | ".join(_f(r["ratios"][k], ".3f") for r in rounds) +
                      f" | {_f(est['ratios'][k], '.3f')} |")
-    lines += ["", "| target | value | bound | status |", "|---|---|---|---|"]
-    for k, t in est["targets"].items():
-        lines.append(f"| {k} | {_f(t['value'], '.3f')} | {t['op']} {t['bound']:g} | "
-                     f"{t['status']} |")
+    lines += ["", _report.targets_table(est["targets"])]
     return "\n".join(lines) + "\n"
