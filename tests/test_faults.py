@@ -146,6 +146,37 @@ def test_a_lost_session_begins_the_outage_at_the_start_of_the_run_that_failed():
     assert outage.run_started is None
 
 
+def test_a_session_lost_between_runs_begins_the_outage_when_the_last_run_completed():
+    """The loss surfaced outside a run (`should_stop`) or in the next run: the peer stopped
+    answering after the last completion, not when that next run began (the clean-clone
+    suite saw a worker give up 32 s after the loss, 97 s into the outage, instead of at once)."""
+    clock = Clock()
+    outage = faults.Outage("worker1", [], 30.0, clock)
+    watch = faults.FaultWatch("worker1", [], 600.0, 30.0, clock, outage=outage)
+    watch.run(lambda options: 1)  # completes at 100
+    clock.now += 65.0  # keepalive closes the channel; the next run replaces the session
+
+    def run(options):
+        outage.begin()
+        assert outage.since == 100.0
+        outage.check()  # 65 s into the outage: past the limit at once
+
+    with pytest.raises(errors.NetworkFault, match=r"worker1: no step completed for 65 s"):
+        watch.run(run)
+
+
+def test_after_the_loop_a_lost_session_begins_its_outage_when_noticed():
+    clock = Clock()
+    outage = faults.Outage("worker0", [], 30.0, clock)
+    watch = faults.FaultWatch("worker0", [], 60.0, 30.0, clock, outage=outage)
+    watch.run(lambda options: 1)
+    watch.stopped()  # the final save and evaluation run outside the loop
+    clock.now += 40.0
+    outage.begin()
+    assert outage.since == 140.0
+    outage.check()
+
+
 def test_a_completed_run_ends_the_outage_whoever_began_it():
     clock = Clock()
     outage = faults.Outage("worker0", [], 30.0, clock)

@@ -64,9 +64,12 @@ GUARD_POLL_SECS = 0.2  # how often `abandonable` checks its guard
 class Outage:
     """The one clock of a task's outage: every path out of a failed run counts against it.
 
-    An outage begins with the run that first timed out or failed (its start,
-    when a run was under way: a frozen peer stopped it then), or when a lost
-    session must be replaced; it ends when a run completes (`end`). Every
+    An outage begins with the run that first timed out (its start: a frozen
+    peer stopped it then); or, when a lost session must be replaced, when the
+    training loop's last run completed (the loss may surface between runs, in
+    `MonitoredSession.should_stop`, or in the next run: the peer stopped
+    answering after that completion, not when the next run began), else at the
+    start of the run under way; it ends when a run completes (`end`). Every
     wait on the way (the deadline's retries, the close of the lost session,
     the wait for the ps tasks, the new session's creation) calls `check`,
     which raises `NetworkFault` once the outage has lasted `fault_timeout_secs`.
@@ -82,6 +85,8 @@ class Outage:
       run_started: when the training run under way started (`FaultWatch.run`
         sets it), or None between runs.
       run_timeout_secs: that run's deadline, seconds (None between runs).
+      last_completed: when the training loop's last run completed (`end`), or
+        None outside the loop (`FaultWatch.stopped`).
     """
 
     def __init__(self, task_name: str, peers: Sequence[tuple[str, str]],
@@ -91,6 +96,7 @@ class Outage:
         self.fault_timeout_secs = fault_timeout_secs
         self.run_started: Optional[float] = None
         self.run_timeout_secs: Optional[float] = None
+        self.last_completed: Optional[float] = None
         self._clock = clock
         self._lock = threading.Lock()
         self._since: Optional[float] = None
@@ -102,12 +108,13 @@ class Outage:
         return self._since
 
     def begin(self, at: Optional[float] = None, what: Optional[str] = None) -> None:
-        """Starts the outage clock unless it runs already: at `at`, else at the start of the
-        run under way, else now. `what` names what cannot complete ("step", "exchange")."""
+        """Starts the outage clock unless it runs already: at `at`, else when the loop's last
+        run completed, else at the start of the run under way, else now. `what` names what
+        cannot complete ("step", "exchange")."""
         with self._lock:
             if self._since is None:
-                self._since = next(t for t in (at, self.run_started, self._clock())
-                                   if t is not None)
+                self._since = next(t for t in (at, self.last_completed, self.run_started,
+                                               self._clock()) if t is not None)
             if what:
                 self._what = what
 
@@ -144,7 +151,8 @@ class Outage:
         """A run completed: ends the outage; returns its length (None if there was none)."""
         with self._lock:
             since, self._since = self._since, None
-        return None if since is None else self._clock() - since
+            self.last_completed = self._clock()
+        return None if since is None else self.last_completed - since
 
     def not_answering(self) -> list[str]:
         """"name at host:port" of each peer that does not answer now (`probes.answering`)."""
@@ -267,6 +275,11 @@ class FaultWatch:
     def not_answering(self) -> list[str]:
         """"name at host:port" of each peer that does not answer now (`probes.answering`)."""
         return self.outage.not_answering()
+
+    def stopped(self) -> None:
+        """The training loop is over: a session lost later (in the final save or evaluation)
+        begins its outage when it is noticed, not at the loop's last run."""
+        self.outage.last_completed = None
 
     def timed_out(self, what: str, error: BaseException, global_step: Optional[int]) -> None:
         """Reports a run that hit its deadline; raises NetworkFault past the limit."""
