@@ -48,12 +48,12 @@ class Mirrors:
     Attributes:
       names: {name in checkpoints: twin}, for `checkpoints.saved_names`.
       save_state: op: twins := the local state (the chief runs it before saving).
-      load_state: op: local state := twins (after the local variables' init).
     """
 
     def __init__(self, local_state, copies: dict, default_device: str):
         self.names = {}
-        saves, loads = [], []
+        self._pairs = []  # (local variable, its twin)
+        saves = []
         for var in local_state:
             name, device = _checkpoint_name(var.op.name, copies), default_device
             for copy_name, (model_name, model_device) in copies.items():
@@ -63,11 +63,21 @@ class Mirrors:
                 twin = v1.Variable(var.initial_value, trainable=False,
                                    name=f"{SCOPE}/{name}")
                 saves.append(twin.assign(var.read_value(), read_value=False))
-            with v1.device(None), v1.device(var.device):
-                loads.append(var.assign(twin.read_value(), read_value=False))
+            self._pairs.append((var, twin))
             self.names[name] = twin
         self.save_state = tf.group(saves, name="save_optimizer_state")
-        self.load_state = tf.group(loads, name="load_optimizer_state")
+
+    def load_state(self, after) -> tf.Operation:
+        """Op: local state := twins, each assignment run after `after` (the local variables'
+        initializer, which would otherwise race it and may overwrite a loaded slot with
+        its initial value: a resumed communication-reduced run once saved fresh Adagrad
+        accumulators, 0.1, in place of the restored ones)."""
+        loads = []
+        with tf.control_dependencies([after]):
+            for var, twin in self._pairs:
+                with v1.device(None), v1.device(var.device):
+                    loads.append(var.assign(twin.read_value(), read_value=False))
+        return tf.group(loads, name="load_optimizer_state")
 
 
 def _checkpoint_name(local_name: str, copies: dict) -> str:

@@ -162,8 +162,7 @@ def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, fee
                           *_own(model_scaffold, "local_init_op"))
     state = local_ops.state if local_ops else None
     if state:  # the optimizer's local state starts from its twins on the ps
-        with tf.control_dependencies([local_init]):
-            local_init = tf.group(state.load_state)
+        local_init = state.load_state(after=local_init)
     saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
                                     state.names if state else None)
     scaffold = v1.train.Scaffold(
