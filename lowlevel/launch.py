@@ -41,7 +41,7 @@ from absl import app, flags
 
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
-from lowlevel.ops import isolation
+from lowlevel.ops import isolation, memory_limits
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 from lowlevel.runtime import restarts
 
@@ -66,6 +66,12 @@ flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own 
 flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once it has "
                      "imported TensorFlow (about 3 s of CPU per task saved: lowlevel.ops.forking); "
                      "--nofork starts every task as its own python -m lowlevel.trainer.")
+flags.DEFINE_string("memory", None, "Each task's memory limit (Kubernetes quantities), one "
+                    "value for every task (4Gi) or per role (ps=12Gi,worker=4Gi,chief=4Gi,"
+                    "evaluator=2Gi): each task runs in a memory cgroup of its own, so one that "
+                    "outgrows its limit is killed alone, named, with its peak "
+                    "(lowlevel.ops.memory_limits; needs root or a delegated cgroup). "
+                    "Default: no limit.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 
@@ -131,6 +137,35 @@ def _confine() -> str:
             "(--no_isolation to opt out)")
 
 
+def _task_names() -> list[str]:
+    """The names of the tasks the flags ask for: ps0.., worker0.., evaluator0."""
+    return ([f"ps{i}" for i in range(FLAGS.num_ps)] +
+            [f"worker{i}" for i in range(FLAGS.num_workers)] +
+            (["evaluator0"] if FLAGS.evaluator else []))
+
+
+def _memory_cgroups(limits: dict[str, int]) -> "memory_limits.TaskCgroups | None":
+    """The tasks' memory cgroups for `--memory` (`limits`: {task: bytes}; None without).
+
+    Raises:
+      MemoryLimitError: no cgroup may be made here.
+    """
+    if not limits:
+        return None
+    memory = memory_limits.TaskCgroups(limits)
+    each = ", ".join(f"{name} {memory_limits.gib(limit)}" for name, limit in limits.items())
+    print(f"launch: memory limits (--memory): {each}", flush=True)
+    return memory
+
+
+def _close_memory(memory: "memory_limits.TaskCgroups") -> None:
+    """Prints each limited task's peak against its limit and removes the cgroups."""
+    print(f"launch: peak memory: {memory.summary()}", flush=True)
+    for path in memory.close():
+        print(f"launch: warning: could not remove cgroup {path} (a process still in it?)",
+              flush=True)
+
+
 def main(argv) -> int:
     """Starts the cluster's tasks and supervises them; returns the launcher's exit status."""
     if len(argv) > 1:
@@ -143,6 +178,7 @@ def main(argv) -> int:
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
     extra = trainer_args()
     cli.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
+    limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     output_layout.ensure_writable(output_dir)
@@ -159,11 +195,14 @@ def main(argv) -> int:
         preload(verbose=FLAGS.verbosity >= 1)
     # One run for the tasks' restart budgets (lowlevel.runtime.restarts), whatever --output_dir holds.
     os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
-    sup = Supervisor(commands, max_restarts=max_restarts, fork=FLAGS.fork)
+    memory = _memory_cgroups(limits)
+    sup = Supervisor(commands, max_restarts=max_restarts, fork=FLAGS.fork, memory=memory)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
         sup.stop(FLAGS.stop_timeout_secs)
+        if memory is not None:
+            memory.close()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, on_signal)
@@ -172,6 +211,8 @@ def main(argv) -> int:
     code = supervise(sup, FLAGS.stop_timeout_secs, progress, os.path.abspath(output_dir))
     elapsed = time.monotonic() - started
     restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
+    if memory is not None:
+        _close_memory(memory)
     if code == 0:
         print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s"
               f"{f' (restarts: {restarted})' if restarted else ''}; metrics in "

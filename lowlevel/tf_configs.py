@@ -151,19 +151,11 @@ MANAGED_FLAGS = ("--output_dir", "--metrics_port", "--max_restarts")
 
 
 def _per_role(value, flag: str) -> dict[str, str]:
-    """"2" -> every role 2; "ps=1,worker=4" -> those roles."""
-    if not value:
-        return {}
-    if "=" not in value:
-        return {role: value for role in ROLES}
-    out = {}
-    for part in value.split(","):
-        role, sep, amount = part.partition("=")
-        if not sep or role not in ROLES or not amount:
-            raise UsageError(f"--{flag}={value}: expected one value (e.g. 2) or role=value "
-                             f"pairs with roles {', '.join(ROLES)} (e.g. ps=1,worker=4)")
-        out[role] = amount
-    return out
+    """"2" -> every role 2; "ps=1,worker=4" -> those roles (`resources.per_role`)."""
+    try:
+        return resources_lib.per_role(value, flag, ROLES)
+    except resources_lib.QuantityError as e:
+        raise UsageError(str(e)) from None
 
 
 def kubernetes_docs(extra: list[str]) -> list[dict]:

@@ -1,5 +1,7 @@
 """The localhost launcher: a whole cluster in one command, no orphans ever."""
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +58,8 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     (["--job_name=ps"], "--job_name is set by the launcher"),
     (["--num_workers=0"], "--num_workers must be at least 1"),
     (["--num_workers=2", "--sync", "--replicas_to_aggregate=3"], "expected 1 to 2"),
+    (["--memory=2GB"], "'2GB' is not a memory quantity"),
+    (["--memory=ps=1Gi,master=2Gi"], "roles ps, worker, chief, evaluator"),
 ])
 def test_launcher_usage_errors_start_nothing(tmp_path, flags, needle):
     result = _launch(tmp_path / "never", *flags, timeout=50)
@@ -128,3 +132,52 @@ def test_the_supervisor_relays_every_line_in_order_and_a_last_unended_one():
                 break
     assert got == [f"line {i}" for i in range(3000)] + ["no newline", None]
     assert sup.procs["t"].wait(10) == 0
+
+
+def _launcher_cgroups() -> list[str]:
+    """The launcher cgroups (`memory_limits.PREFIX`) under this process's memory cgroup."""
+    from lowlevel.ops import memory_limits, resources
+    own = resources.own_cgroup("memory")
+    return [n for n in os.listdir(own[0]) if n.startswith(memory_limits.PREFIX)] if own else []
+
+
+needs_cgroups = pytest.mark.skipif(os.geteuid() != 0, reason="making cgroups needs root")
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_a_task_past_its_memory_limit_is_killed_alone_and_named(tmp_path):
+    """One ps holding 10 M rows x 16 and their Adagrad accumulators (1.3 GB) under a 600 MiB
+    limit: the kernel kills it in its own cgroup, the launcher names it and its limit, stops
+    the others and removes the cgroups; nothing else on the machine is touched."""
+    out = tmp_path / "oom"
+    before = _launcher_cgroups()
+    result = _launch(out, "--memory=ps=600Mi", "--num_workers=1", "--model=wide_deep",
+                     "--dataset=synthetic_ctr", "--vocab_size=10000000", "--train_steps=200",
+                     timeout=150)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "launch: memory limits (--memory): ps0 600 MiB" in result.stdout
+    assert ("launch: ps0 was killed by SIGKILL: out of memory at its limit of 600 MiB "
+            "(--memory), peak 600 MiB") in result.stdout, result.stdout[-3000:]
+    assert "launch: peak memory: ps0 600 MiB of 600 MiB" in result.stdout
+    assert _launcher_cgroups() == before
+    assert not clusters.leftovers(out)
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_tasks_within_their_limits_finish_and_their_peaks_are_reported(tmp_path):
+    out = tmp_path / "fits"
+    before = _launcher_cgroups()
+    result = _launch(out, "--memory=ps=1Gi,worker=2Gi,chief=3Gi", "--train_steps=100",
+                     timeout=150)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert ("launch: memory limits (--memory): ps0 1.0 GiB, worker0 3.0 GiB, worker1 2.0 GiB"
+            in result.stdout)
+    peaks = re.search(r"launch: peak memory: ps0 (\d+) MiB of 1.0 GiB, worker0 (\d+) MiB of "
+                      r"3.0 GiB, worker1 (\d+) MiB of 2.0 GiB", result.stdout)
+    assert peaks, result.stdout[-2000:]
+    assert all(10 < int(p) < 1024 for p in peaks.groups()), peaks.groups()
+    assert "launch: all 3 tasks exited 0" in result.stdout
+    assert _launcher_cgroups() == before
+    assert not clusters.leftovers(out)

@@ -235,3 +235,21 @@ def test_a_worker_pinned_to_one_cpu_sizes_its_pools_for_it(cpu_cgroup, tmp_path)
     cpus, source, intra, _ = _sizing_line(
         cpu_cgroup, tmp_path, preexec=lambda: os.sched_setaffinity(0, {first}))
     assert (cpus, source, intra) == (1, "affinity", 1)
+
+
+def test_per_task_memory_limits_from_one_value_or_per_role():
+    from lowlevel.errors import UsageError
+    from lowlevel.ops import memory_limits
+    tasks = ["ps0", "ps1", "worker0", "worker1", "evaluator0"]
+    assert memory_limits.limits_for(tasks, None) == {}
+    assert memory_limits.limits_for(tasks, "4Gi") == {name: 4 * 2 ** 30 for name in tasks}
+    assert memory_limits.limits_for(tasks, "ps=12Gi,chief=3Gi,worker=512Mi") == {
+        "ps0": 12 * 2 ** 30, "ps1": 12 * 2 ** 30, "worker0": 3 * 2 ** 30,
+        "worker1": 512 * 2 ** 20}
+    assert memory_limits.limits_for(tasks, "worker=1Gi")["worker0"] == 2 ** 30  # chief: a worker
+    with pytest.raises(UsageError, match=r"--memory: '2GB' is not a memory quantity"):
+        memory_limits.limits_for(tasks, "ps=2GB")
+    with pytest.raises(UsageError, match=r"roles ps, worker, chief, evaluator"):
+        memory_limits.limits_for(tasks, "master=2Gi")
+    assert memory_limits.gib(600 * 2 ** 20) == "600 MiB" and memory_limits.gib(None) == "?"
+    assert memory_limits.gib(12 * 2 ** 30) == "12.0 GiB"

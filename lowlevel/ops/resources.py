@@ -129,6 +129,12 @@ def cpu_quota(root: str = "/") -> Optional[tuple[float, str]]:
     return best
 
 
+def own_cgroup(controller: str, root: str = "/") -> Optional[tuple[str, int]]:
+    """(directory, cgroup version) of this process's cgroup for `controller`, or None."""
+    dirs = _cgroup_dirs(root, controller)
+    return dirs[0] if dirs else None
+
+
 def memory_limit(root: str = "/") -> Optional[int]:
     """The smallest memory limit (bytes) on this process's cgroup path, or None."""
     best = None
@@ -292,3 +298,24 @@ def memory_quantity(text: str, minimum: int = 0) -> int:
         raise QuantityError(f"{text!r} is {int(value) / 2 ** 20:.0f} MiB: a task needs at "
                             f"least {minimum // 2 ** 20} MiB (TensorFlow alone takes ~500)")
     return int(value)
+
+
+def per_role(value: Optional[str], flag: str, roles) -> dict[str, str]:
+    """A per-role flag's values: "2" -> every role in `roles` 2; "ps=1,worker=4" -> those
+    roles; "" or None -> {}.
+
+    Raises:
+      QuantityError: a part that is not role=value with a role in `roles`.
+    """
+    if not value:
+        return {}
+    if "=" not in value:
+        return {role: value for role in roles}
+    out = {}
+    for part in value.split(","):
+        role, sep, amount = part.partition("=")
+        if not sep or role not in roles or not amount:
+            raise QuantityError(f"--{flag}={value}: expected one value (e.g. 2) or role=value "
+                                f"pairs with roles {', '.join(roles)} (e.g. ps=1,worker=4)")
+        out[role] = amount
+    return out

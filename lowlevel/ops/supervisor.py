@@ -52,11 +52,14 @@ class Supervisor:
       restarts: {task name: restarts so far}.
       events: (time.time(), task name, what happened) for every start and end,
         for tools that measure recovery (benchmarks/chaos.py).
+      memory: the tasks' memory cgroups (`memory_limits.TaskCgroups`, `--memory`), or
+        None: each task is put in its own as it starts, and an end its limit caused says so.
     """
 
     def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0,
-                 fork: bool = False):
+                 fork: bool = False, memory=None):
         self.out = out
+        self.memory = memory  # a `memory_limits.TaskCgroups`, or None
         self.commands = commands
         self.max_restarts = max_restarts
         self.fork = fork
@@ -91,6 +94,8 @@ class Supervisor:
         finally:
             os.close(write_fd)
         self.procs[name] = proc
+        if self.memory is not None:
+            self.memory.add(name, proc.pid)
         self._open.add(proc.pid)
         self.events.append((time.time(), name, "started"))
         self._selector.register(read_fd, selectors.EVENT_READ, (name, proc.pid, bytearray()))
@@ -131,6 +136,8 @@ class Supervisor:
             if name in finished or code is None or proc.pid in self._open:
                 continue  # running, or its last lines are still to be read
             what = "finished" if code == 0 else describe_exit(code)
+            if code != 0 and self.memory is not None:
+                what += self.memory.ended(name)
             self.events.append((time.time(), name, what))
             decision = errors.decide(code, self.restarts[name], self.max_restarts,
                                          CHIEF in finished, self.stopping)

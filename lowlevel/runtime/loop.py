@@ -143,15 +143,19 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
       errors.NetworkFault: peers did not answer for `--fault_timeout_secs`.
     """
     step = StepRunner(sess, g, watch)
-    if g.local_ops is not None:
-        return _local_sgd_loop(sess, g, step, stop, watch)
-    while not sess.should_stop() and not stop.is_set():
-        try:
-            g.steps.value = int(step(g.train_op))
-        except tf.errors.OutOfRangeError:  # another worker took the last step
-            return
-        if g.steps.value >= last_step:
-            return
+    try:
+        if g.local_ops is not None:
+            return _local_sgd_loop(sess, g, step, stop, watch)
+        while not sess.should_stop() and not stop.is_set():
+            try:
+                g.steps.value = int(step(g.train_op))
+            except tf.errors.OutOfRangeError:  # another worker took the last step
+                return
+            if g.steps.value >= last_step:
+                return
+    finally:
+        if watch is not None:  # a session lost from now on: its outage begins when noticed
+            watch.stopped()
 
 
 def _send(sess, op, options=None):

@@ -87,8 +87,6 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
                                           config.fault_timeout_secs, outage=outage)
                 outage.watchdog()
             loop.run(sess, g, config.train_steps, preempted, watch)
-            if watch:
-                watch.stopped()
             logging.info("%s: %s; closing the session", task.name,
                          "stopping for the preemption" if preempted.is_set()
                          else "last step done")
