@@ -36,44 +36,58 @@ CHUNK_BYTES = 64 << 20  # a saved slice: at most this many bytes (one row if row
 
 
 class _RowSlice:
-    """Rows `[begin, end)` of a resource variable, as a saveable of one slice spec."""
+    """Rows `[begin, end)` of a resource variable, as a saveable of one slice spec.
 
-    def __init__(self, variable, spec, begin: int, end: int):
-        info = getattr(variable, "_save_slice_info", None)
-        shape = variable.shape.as_list()
-        if info is not None:
-            full_name, full_shape, offset = info.full_name, info.full_shape, info.var_offset
+    `handle`: the variable's resource handle; `shape`: its `[rows, ...]` (fully defined);
+    `spec`: the variable's `SaveSpec` (name, and slice spec if it is a shard).
+    """
+
+    def __init__(self, handle, shape: list, spec, begin: int, end: int):
+        if spec.slice_spec:
+            info = v1.Variable.SaveSliceInfo.from_spec(spec.slice_spec)
+            full_shape, offset = info.full_shape, info.var_offset
         else:
-            full_name, full_shape, offset = spec.name, shape, [0] * len(shape)
-        self.device = variable.device
+            full_shape, offset = shape, [0] * len(shape)
+        self.device = spec.device
         self.name = spec.name
-        self.op = variable
-        row = [offset[0] + begin, *offset[1:]]
-        slice_spec = v1.Variable.SaveSliceInfo(full_name, full_shape, row,
-                                               [end - begin, *shape[1:]]).spec
-        handle, dtype = variable.handle, variable.dtype.base_dtype
+        self.op = handle
+        slice_spec = v1.Variable.SaveSliceInfo(
+            spec.name, full_shape, [offset[0] + begin, *offset[1:]],
+            [end - begin, *shape[1:]]).spec
+        dtype = spec.dtype
 
         def read():
-            with tf.device(variable.device):
+            with tf.device(spec.device):
+                # The rows' indices are made when the save runs: Grappler would fold a
+                # constant range into a Const, which its kernel keeps (1/8 of the slice's
+                # bytes for 16 floats a row, for every slice, for as long as the graph runs).
+                first = tf.raw_ops.PlaceholderWithDefault(
+                    input=tf.constant(begin, tf.int64), shape=[])
                 return tf.raw_ops.ResourceGather(
-                    resource=handle, indices=tf.range(begin, end, dtype=tf.int64),
+                    resource=handle, indices=tf.range(first, first + (end - begin)),
                     dtype=dtype)
-        self.specs = [saveable_object.SaveSpec(read, slice_spec, spec.name,
-                                                            dtype=dtype, device=self.device)]
+        self.specs = [saveable_object.SaveSpec(read, slice_spec, spec.name, dtype=dtype,
+                                               device=spec.device)]
 
 
 def _slices(saveable, chunk_bytes: int) -> list:
-    """`saveable` as `_RowSlice`s of at most `chunk_bytes`, or [saveable] if it stays whole."""
-    variable = saveable.op
-    if not (hasattr(variable, "handle") and len(saveable.specs) == 1 and
-            variable.shape.is_fully_defined() and variable.shape.rank):
+    """`saveable` as `_RowSlice`s of at most `chunk_bytes`, or [saveable] if it stays whole.
+
+    Only a resource variable's saveable (a `VarHandleOp` behind it) of a fully defined
+    shape of rank >= 1 is sliced.
+    """
+    handle = getattr(saveable, "handle_op", None)
+    if handle is None or len(saveable.specs) != 1 or \
+            getattr(getattr(handle, "op", None), "type", None) != "VarHandleOp":
         return [saveable]
-    rows = variable.shape[0]
-    row_bytes = variable.shape[1:].num_elements() * variable.dtype.base_dtype.size
+    shape = tf.TensorShape(handle.op.get_attr("shape"))
+    if not shape.is_fully_defined() or not shape.rank:
+        return [saveable]
+    rows, row_bytes = shape[0], shape[1:].num_elements() * saveable.specs[0].dtype.size
     if rows * row_bytes <= chunk_bytes:
         return [saveable]
     step = max(1, chunk_bytes // max(1, row_bytes))
-    return [_RowSlice(variable, saveable.specs[0], a, min(a + step, rows))
+    return [_RowSlice(handle, shape.as_list(), saveable.specs[0], a, min(a + step, rows))
             for a in range(0, rows, step)]
 
 
