@@ -19,7 +19,9 @@ within-round ratios), each bounded by `--sparse_timeout_secs` (a run past it is 
 as a timeout). Figures (units): examples/s (all workers, after warm-up); bytes per step
 (between one worker and all ps tasks per local step, both directions, from the kernel's
 TCP counters: `_measure.Watcher`); the limit beside it (`limit`); ps byte imbalance
-(bytes each ps moved in the measured windows, max / mean); peak RSS per task (VmHWM, MiB).
+(bytes each ps moved in the measured windows, max / mean); peak RSS per task (VmHWM, MiB);
+each lowlevel ps's state (the bytes of the variables on it, from the chief's graph), its
+RSS over state, and the target peak RSS <= 0.5 GiB + 1.25 x state (`sparse_ps_rss_over_budget`).
 
 The limit (`limit`): what a step must move at least, from the unique ids of batches drawn
 as the trainers draw them from the same training split: every unique row touched, each
