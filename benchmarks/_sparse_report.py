@@ -1,7 +1,8 @@
 """The sparse suite's report: records, ratios, targets and the "Sparse" table (`benchmarks.sparse`).
 
 Units: examples/s; step times in milliseconds; bytes per local worker step; memory in MiB;
-start-up in seconds.
+start-up in seconds. A ps's state: the bytes of the variables placed on it (`sparse.ps_state_bytes`,
+lowlevel only: the chief's graph); its peak RSS is the kernel's VmHWM of the process.
 """
 
 from __future__ import annotations
@@ -17,7 +18,27 @@ TARGETS = {
     "sparse_lowlevel_over_classic": (">=", 2.0),
     "sparse_lowlevel_over_tf2_pss": (">=", 2.0),
     "sparse_ps_byte_imbalance": ("<=", 1.1),
+    # issue 27: every lowlevel ps peaks at <= RSS_BASE_MIB + RSS_PER_STATE x its state
+    "sparse_ps_rss_over_budget": ("<=", 1.0),
 }
+RSS_BASE_MIB, RSS_PER_STATE = 512.0, 1.25
+
+
+def rss_over_budget(peak_rss_mb: dict, state_bytes: dict):
+    """max over ps tasks of peak RSS / (RSS_BASE_MIB + RSS_PER_STATE x state), or None.
+
+    `peak_rss_mb`: {task: VmHWM MiB}; `state_bytes`: {ps task: bytes of its variables}.
+    """
+    vals = [peak_rss_mb[k] / (RSS_BASE_MIB + RSS_PER_STATE * b / 2**20)
+            for k, b in (state_bytes or {}).items() if b and k in (peak_rss_mb or {})]
+    return round(max(vals), 3) if vals else None
+
+
+def rss_over_state(peak_rss_mb: dict, state_bytes: dict):
+    """max over ps tasks of peak RSS / state (both MiB), or None."""
+    vals = [peak_rss_mb[k] / (b / 2**20) for k, b in (state_bytes or {}).items()
+            if b and k in (peak_rss_mb or {})]
+    return round(max(vals), 2) if vals else None
 
 
 def _median(values):
@@ -35,6 +56,7 @@ def aggregate(runs: list) -> list:
         for r in ok:
             for task, mb in (r.get("peak_rss_mb") or {}).items():
                 rss[task] = max(mb, rss.get(task, 0))
+        state = next((r["ps_state_bytes"] for r in ok if r.get("ps_state_bytes")), {})
         by_ps = {k: _median([(r.get("bytes_by_ps") or {}).get(k) for r in ok])
                  for k in sorted({k for r in ok for k in (r.get("bytes_by_ps") or {})})}
         records.append({
@@ -44,7 +66,8 @@ def aggregate(runs: list) -> list:
             **{k: _median([r.get(k) for r in ok]) for k in (
                 "examples_per_sec", "step_ms_p50", "step_ms_p90", "bytes_per_step",
                 "imbalance", "startup_secs")},
-            "bytes_by_ps": by_ps, "peak_rss_mb": rss})
+            "bytes_by_ps": by_ps, "peak_rss_mb": rss, "ps_state_bytes": state,
+            "ps_rss_over_state": rss_over_state(rss, state)})
     return records
 
 
@@ -70,6 +93,8 @@ def ratios(runs: list, lim: dict) -> dict:
         "sparse_lowlevel_over_classic": per_round(over("classic")),
         "sparse_lowlevel_over_tf2_pss": per_round(over("tf2_pss")),
         "sparse_ps_byte_imbalance": per_round(lambda by: by.get("lowlevel", {}).get("imbalance")),
+        "sparse_ps_rss_over_budget": per_round(lambda by: rss_over_budget(
+            by.get("lowlevel", {}).get("peak_rss_mb"), by.get("lowlevel", {}).get("ps_state_bytes"))),
     }
 
 
@@ -96,16 +121,16 @@ def markdown(sparse: dict) -> str:
         f"{lim['unique_ids_per_batch']:.0f} of {lim['ids_per_batch']} ids per batch; "
         f"{lim['dense'] / 1e6:.3f} MB dense).\n",
         "| trainer | examples/s | step p50 ms | MB/step | x limit | MB by ps | ps max/mean "
-        "| peak RSS MiB per task | startup s |",
-        "|---|---|---|---|---|---|---|---|---|"]
+        "| peak RSS MiB per task | ps state MiB | ps RSS/state | startup s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sparse["records"]:
         if not r["ok"]:
             why = "timeout" if r["timeout"] else "failed"
             lines.append(f"| {r['trainer']} | {why}: "
                          f"{(r['error'] or '').strip().splitlines()[0] if r['error'] else ''}"
-                         " | | | | | | | |")
+                         " | | | | | | | | | |")
             continue
-        b = r["bytes_per_step"]
+        b, state = r["bytes_per_step"], r.get("ps_state_bytes") or {}
         lines.append(
             f"| {r['trainer']} | {_f(r['examples_per_sec'], ',.0f')} | "
             f"{_f(r['step_ms_p50'], '.1f')} | {_f(b and b / 1e6, '.3f')} | "
@@ -113,6 +138,8 @@ def markdown(sparse: dict) -> str:
             f"{', '.join(f'{k} {v / 1e6:.1f}' for k, v in r['bytes_by_ps'].items())} | "
             f"{_f(r['imbalance'], '.3f')} | "
             f"{', '.join(f'{k} {v:,.0f}' for k, v in sorted(r['peak_rss_mb'].items()))} | "
+            f"{', '.join(f'{k} {v / 2**20:,.0f}' for k, v in sorted(state.items())) or '-'} | "
+            f"{_f(r.get('ps_rss_over_state'), '.2f')} | "
             f"{_f(r['startup_secs'], '.1f')} |")
     lines += ["", _report.targets_table(sparse["targets"])]
     return "\n".join(lines) + "\n"

@@ -19,7 +19,9 @@ within-round ratios), each bounded by `--sparse_timeout_secs` (a run past it is 
 as a timeout). Figures (units): examples/s (all workers, after warm-up); bytes per step
 (between one worker and all ps tasks per local step, both directions, from the kernel's
 TCP counters: `_measure.Watcher`); the limit beside it (`limit`); ps byte imbalance
-(bytes each ps moved in the measured windows, max / mean); peak RSS per task (VmHWM, MiB).
+(bytes each ps moved in the measured windows, max / mean); peak RSS per task (VmHWM, MiB);
+each lowlevel ps's state (the bytes of the variables on it, from the chief's graph), its
+RSS over state, and the target peak RSS <= 0.5 GiB + 1.25 x state (`sparse_ps_rss_over_budget`).
 
 The limit (`limit`): what a step must move at least, from the unique ids of batches drawn
 as the trainers draw them from the same training split: every unique row touched, each
@@ -34,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import re
 import shutil
 import time
 from typing import Optional
@@ -41,7 +44,7 @@ from typing import Optional
 import numpy as np
 
 from benchmarks import _runners
-from benchmarks._sparse_report import TARGETS, TRAINERS, aggregate, markdown, ratios, targets  # noqa: F401 (the suite's report, re-exported)
+from benchmarks._sparse_report import TARGETS, TRAINERS, aggregate, markdown, ratios, rss_over_budget, rss_over_state, targets  # noqa: F401 (the suite's report, re-exported)
 from lowlevel.data import ctr as ctr_data
 
 
@@ -130,8 +133,40 @@ def limit(s: Settings) -> dict:
     return out
 
 
+_DTYPE_BYTES = {"DT_FLOAT": 4, "DT_INT64": 8, "DT_INT32": 4, "DT_DOUBLE": 8, "DT_BOOL": 1}
+
+
+def ps_state_bytes(graph_pbtxt: str) -> dict:
+    """{ps task name: bytes of the variables on it} from a chief's `graph.pbtxt`.
+
+    Every `VarHandleOp`/`VariableV2` placed on `/job:ps/task:K` counts by its
+    shape and dtype: the model's variables and shards, their optimizer slots,
+    the global step. {} if the file is missing. Source: the graph the chief ran.
+    """
+    try:
+        with open(graph_pbtxt) as f:
+            text = f.read()
+    except OSError:
+        return {}
+    held: dict = {}
+    for node in text.split("\nnode {")[1:]:
+        op = re.search(r'\n  op: "(\w+)"', node)
+        device = re.search(r'\n  device: "/job:ps/task:(\d+)', node)
+        if not (op and device and op.group(1) in ("VarHandleOp", "VariableV2")):
+            continue
+        dtype = re.search(r'key: "dtype"\s*value \{\s*type: (\w+)', node)
+        shape = re.search(r'key: "shape"\s*value \{\s*shape \{(.*?)\n      \}', node, re.DOTALL)
+        dims = [int(d) for d in re.findall(r"size: (-?\d+)", shape.group(1))] if shape else []
+        n = int(np.prod(dims)) if dims else 1
+        name = f"ps{device.group(1)}"
+        held[name] = held.get(name, 0) + max(n, 0) * _DTYPE_BYTES.get(
+            dtype.group(1) if dtype else "", 4)
+    return held
+
+
 def run_one(trainer: str, s: Settings, workdir: str) -> dict:
-    """One trainer's run: `_runners`' run dict plus `imbalance`."""
+    """One trainer's run: `_runners`' run dict plus `imbalance` (and, for lowlevel,
+    `ps_state_bytes`: `ps_state_bytes` of the chief's graph)."""
     hidden = ",".join(map(str, s.hidden_units))
     model = [f"--vocab_size={s.vocab_size}", f"--embedding_dim={s.embedding_dim}",
              f"--hash_buckets={s.hash_buckets}", f"--hidden_units={hidden}",
@@ -144,6 +179,7 @@ def run_one(trainer: str, s: Settings, workdir: str) -> dict:
                          "--save_checkpoint_secs=100000", "--log_every_secs=5"]
         run = _runners.run_lowlevel(s.num_ps, s.num_workers, flags, workdir, s.timeout_secs,
                                     s.batch_size)
+        run["ps_state_bytes"] = ps_state_bytes(os.path.join(workdir, "out", "graph.pbtxt"))
     elif trainer == "classic":
         flags = model + [f"--train_steps={per_worker * s.num_workers}",
                          f"--warmup_steps={s.warmup_steps}", f"--num_partitions={s.num_ps}"]
@@ -171,9 +207,11 @@ def describe(trainer: str, run: dict) -> str:
         return f"sparse {trainer}: FAILED ({run.get('error', '').strip().splitlines()[0]})"
     b = run.get("bytes_per_step")
     rss = run.get("peak_rss_mb") or {}
+    state = run.get("ps_state_bytes") or {}
+    held = (f" (ps state {max(state.values()) / 2**20:,.0f} MiB)" if state else "")
     return (f"sparse {trainer}: {run['examples_per_sec']:,.0f} examples/s, "
             f"{'-' if b is None else f'{b / 1e6:.3f}'} MB/step, imbalance "
-            f"{run.get('imbalance')}, peak RSS {max(rss.values(), default=0):.0f} MiB, "
+            f"{run.get('imbalance')}, peak RSS {max(rss.values(), default=0):.0f} MiB{held}, "
             f"startup {run.get('startup_secs')} s ({run.get('wall_secs')} s)")
 
 

@@ -71,13 +71,54 @@ def test_ratios_are_medians_of_within_round_ratios_and_targets_judge_them():
     assert got["sparse_lowlevel_over_tf2_pss"] == 2.667  # 1.33, 4: two rounds had tf2_pss
     assert got["sparse_bytes_over_limit"] == 1.1
     assert got["sparse_ps_byte_imbalance"] == 1.05
+    assert got["sparse_ps_rss_over_budget"] is None  # no run measured a ps's state
     status = {k: t["status"] for k, t in sparse.targets(got).items()}
     assert status == {"sparse_bytes_over_limit": "PASS", "sparse_lowlevel_over_classic": "PASS",
-                      "sparse_lowlevel_over_tf2_pss": "PASS", "sparse_ps_byte_imbalance": "PASS"}
+                      "sparse_lowlevel_over_tf2_pss": "PASS", "sparse_ps_byte_imbalance": "PASS",
+                      "sparse_ps_rss_over_budget": "SKIP"}
     failed = sparse.targets(dict(got, sparse_bytes_over_limit=1.3,
                                  sparse_lowlevel_over_classic=None))
     assert failed["sparse_bytes_over_limit"]["status"] == "FAIL"
     assert failed["sparse_lowlevel_over_classic"]["status"] == "SKIP"
+
+
+def test_ps_memory_target_is_peak_rss_over_half_a_gib_plus_1_25_times_the_state():
+    mib = 2**20
+    state = {"ps0": 648 * mib, "ps1": 600 * mib}
+    # ps0's budget: 512 + 1.25 x 648 = 1322 MiB; the worst ps counts
+    assert sparse.rss_over_budget({"ps0": 1322.0, "ps1": 100.0, "worker0": 9000.0},
+                                  state) == 1.0
+    assert sparse.rss_over_budget({"ps0": 2371.0, "ps1": 1000.0}, state) == 1.793
+    assert sparse.rss_over_state({"ps0": 1296.0, "ps1": 600.0}, state) == 2.0
+    assert sparse.rss_over_budget({"ps0": 1000.0}, {}) is None
+    runs = [dict(_run("lowlevel", 0, 400, 1100, 1.05), peak_rss_mb={"ps0": 1400.0, "ps1": 900.0},
+                 ps_state_bytes=state)]
+    got = sparse.ratios(runs, {"total": 1000})
+    assert got["sparse_ps_rss_over_budget"] == 1.059
+    assert sparse.targets(got)["sparse_ps_rss_over_budget"]["status"] == "FAIL"
+    record = sparse.aggregate(runs)[0]
+    assert record["ps_state_bytes"] == state and record["ps_rss_over_state"] == 2.16
+
+
+def test_ps_state_bytes_counts_the_variables_placed_on_each_ps(tmp_path):
+    node = ('\nnode {{\n  name: "{name}"\n  op: "{op}"\n  device: "{device}"\n  attr {{\n'
+            '    key: "dtype"\n    value {{\n      type: {dtype}\n    }}\n  }}\n  attr {{\n'
+            '    key: "shape"\n    value {{\n      shape {{\n{dims}      }}\n    }}\n  }}\n}}')
+
+    def var(name, device, dims, dtype="DT_FLOAT", op="VarHandleOp"):
+        sizes = "".join(f"        dim {{\n          size: {d}\n        }}\n" for d in dims)
+        return node.format(name=name, op=op, device=device, dtype=dtype, dims=sizes)
+    graph = tmp_path / "graph.pbtxt"
+    graph.write_text("".join([
+        var("t/part_0", "/job:ps/task:0/device:CPU:0", [1000, 16]),
+        var("t/part_0/Adagrad", "/job:ps/task:0/device:CPU:0", [1000, 16]),
+        var("t/part_1", "/job:ps/task:1/device:CPU:0", [500, 16]),
+        var("global_step", "/job:ps/task:1/device:CPU:0", [], dtype="DT_INT64"),
+        var("local", "/job:worker/task:0/device:CPU:0", [10**6]),
+        var("x", "/job:ps/task:0/device:CPU:0", [3], op="Identity")]))
+    assert sparse.ps_state_bytes(str(graph)) == {"ps0": 2 * 1000 * 16 * 4,
+                                                 "ps1": 500 * 16 * 4 + 8}
+    assert sparse.ps_state_bytes(str(tmp_path / "missing.pbtxt")) == {}
 
 
 def test_a_timed_out_trainer_is_reported_as_a_timeout():
@@ -122,6 +163,9 @@ def test_tiny_sparse_suite(tmp_path):
         tasks = {"ps0", "ps1", "worker0", "worker1"} | ({"chief"} if name == "tf2_pss" else set())
         assert set(rec["peak_rss_mb"]) == tasks
         assert all(50 < mb < 8000 for mb in rec["peak_rss_mb"].values())
+    assert set(records["lowlevel"]["ps_state_bytes"]) == {"ps0", "ps1"}
+    assert all(b > 0 for b in records["lowlevel"]["ps_state_bytes"].values())
+    assert result["targets"]["sparse_ps_rss_over_budget"]["value"] is not None
     assert set(sparse.TARGETS) <= set(result["targets"])
     assert not any(k.startswith("lowlevel_1ps1w") for k in result["targets"])  # dense: not run
     md = (out / "results.md").read_text()

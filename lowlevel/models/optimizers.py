@@ -18,6 +18,14 @@ removed with contrib), with one change: a row's update is computed from the
 moment rows the op itself computed, never re-read from the slots, so a lost
 update can only drop information, never pair one worker's `m` with another's
 `v`. Dense gradients are Adam's own kernel (`ResourceApplyAdam`).
+
+`AdagradOptimizer` is TF1's with one change: its accumulators start from a
+`Fill` instead of a `Const` of their full shape. A `Const` kernel keeps its
+value for as long as the graph runs; the accumulator assigned from it shares
+that buffer, and its first sparse update copies it (copy-on-write), so every
+ps kept a second, dead copy of each accumulator: 305 MiB per ps in the sparse
+benchmark at 10 M rows (benchmarks/NOTES.md). A `Fill`'s output is a fresh
+buffer the variable adopts.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ def make_optimizer(name: str, learning_rate: float):
       ValueError: an unknown name (`config.OPTIMIZERS` lists the known ones).
     """
     if name == "adagrad":
-        return v1.train.AdagradOptimizer(learning_rate)
+        return AdagradOptimizer(learning_rate)
     if name == "sgd":
         return v1.train.GradientDescentOptimizer(learning_rate)
     if name == "momentum":
@@ -42,6 +50,36 @@ def make_optimizer(name: str, learning_rate: float):
     if name == "adam":
         return LazyAdamOptimizer(learning_rate)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+class _Fill:
+    """An initializer whose value is `tf.fill(shape, value)` (not a `Const` of the full shape)."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __call__(self, shape, dtype=tf.float32, partition_info=None):
+        # Grappler folds a Fill of constants into a Const of the full shape: the value
+        # comes through a PlaceholderWithDefault, which it cannot fold.
+        value = tf.raw_ops.PlaceholderWithDefault(input=tf.constant(self.value, dtype), shape=[])
+        return tf.fill(shape, value)
+
+
+class AdagradOptimizer(v1.train.AdagradOptimizer):
+    """TF1's Adagrad, its accumulators initialised by a `Fill` (the module doc says why).
+
+    Same slots, names and updates as `tf.compat.v1.train.AdagradOptimizer`.
+    """
+
+    def _create_slots(self, var_list):
+        for v in var_list:
+            if not v.get_shape().is_fully_defined():
+                super()._create_slots([v])
+                continue
+            dtype = v.dtype.base_dtype
+            self._get_or_make_slot_with_initializer(
+                v, _Fill(self._initial_accumulator_value), v.get_shape(), dtype,
+                "accumulator", self._name)
 
 
 class LazyAdamOptimizer(v1.train.AdamOptimizer):

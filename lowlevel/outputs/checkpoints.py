@@ -32,6 +32,7 @@ from absl import logging
 
 from lowlevel import errors
 from lowlevel.errors import CheckpointMismatch, NoReadableCheckpoint
+from lowlevel.outputs import chunked_save
 
 v1 = tf.compat.v1
 
@@ -198,11 +199,15 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
 class StateSaver(v1.train.Saver):
     """A `Saver` that first runs `before_save` (e.g. copying worker-local state to the ps).
 
+    Sharded saves write large variables a slice at a time, without a full-size
+    copy (`chunked_save.ChunkedSaverBuilder`, unless `builder` is given).
+
     The communication-reduced mode keeps its optimizer slots on each worker;
     `before_save` copies the chief's to the variables this saver writes.
     """
 
     def __init__(self, var_list, before_save=None, **kwargs):
+        kwargs.setdefault("builder", chunked_save.ChunkedSaverBuilder())
         super().__init__(var_list, **kwargs)
         self._before_save = before_save
 
