@@ -1,0 +1,430 @@
+"""Dynamic embedding tables: raw 64-bit ids, rows created on admission, evicted when stale.
+
+`--embedding=dynamic` (issue 27, part 4), built on TensorFlow's stock ops only:
+`MutableHashTable`, resource variables with gather and scatter, and a
+`CriticalSection` (a `MutexV2` on the ps) per shard.
+
+A `DynamicTable` of width `dim` is split into `num_shards` `DynamicShard`s, one
+per ps task; id `x` belongs to shard `mix64(x) mod num_shards` (`shard_of`:
+a 64-bit finaliser, so consecutive or patterned ids spread evenly). A shard
+holds, on its ps:
+
+- `index`: a `MutableHashTable` int64 id -> int64 row in `[0, capacity)`;
+- `rows`, `accumulators`: float32 `[capacity, dim]` variables, the embedding
+  rows and their Adagrad accumulators (the slot follows its row: same row
+  index, written on admission, freed on eviction);
+- `keys`, `counts`, `last_seen`: int64 `[capacity]`, the id of each row, its
+  sightings, and the global step that last saw it (-1: the row is free);
+- `pending`: a `MutableHashTable` int64 id -> int64 `[2]` (sightings, last
+  step seen) of the ids seen but not yet admitted;
+- `default_row`: float32 `[dim]` zeros, what an id without a row reads.
+
+Semantics (exact; `tests/test_dynamic_embeddings.py` checks them on a scripted
+stream):
+
+- **Sightings** are occurrences in the batches looked up (an id twice in a
+  batch: 2). **Admission**: an id gets a row in the lookup where its sightings
+  reach `admit_after` (1: at once); that lookup already returns the new row
+  and its gradient updates it. Before, it reads `default_row` and its gradient
+  is dropped. A new row starts at a deterministic function of (id, seed)
+  (uniform, standard deviation `stddev`; the same after any restart) and its
+  accumulator at `initial_accumulator`. With no free row left (`capacity`
+  reached) the id stays pending and is admitted once a row is free
+  (`DynamicShard.refused` counts those lookups' ids).
+- **Eviction**: a lookup at global step `s` (after recording its own
+  sightings) sweeps, if `sweep_every_steps` have passed since the last sweep,
+  every row with `s - last_seen > evict_after_steps` (unseen for more than that
+  many steps): its key leaves `index`, the row and its accumulator are free
+  for the next admission; pending ids unseen as long are forgotten too.
+  `evict_after_steps=0`: never.
+- **Updates** (Adagrad: `acc += g^2; row -= lr * g / sqrt(acc)`) look the ids
+  up again under the shard's lock: a row evicted (and maybe given to another
+  id) since the forward lookup is not touched; ids without a row get nothing.
+- **Consistency**: lookup, update, checkpoint export and restore of a shard
+  each run as one `CriticalSection` execution on its ps, so none interleaves
+  with another: a checkpoint's keys, rows, accumulators, counts and last-seen
+  steps are one snapshot of the shard (DeepRec's issue #1023 is rows and slots
+  saved at different moments). `DynamicShard.saveable` is that snapshot, one
+  `SaveableObject` per shard; the shard's variables are left out of the
+  variable savers (`DYNAMIC_STATE`).
+
+Gradients reach the tables through `DynamicTable.lookup`'s custom gradient:
+computing the gradient of the looked-up rows applies the shard's Adagrad
+update, and hands a zero gradient to a one-float trainable `anchor` so that
+any optimizer's `minimize` runs it within its train op. The table's learning
+rate is its own (`learning_rate`), whatever the optimizer of the dense
+variables; under `--sync` its updates are applied per worker step (async).
+
+Costs: a lookup or update moves (unique ids) x (8 + 4 dim) bytes each way; the
+ps's work per lookup is O(unique ids) plus O(capacity) when rows are admitted
+(finding free rows: `tf.where` over `last_seen`) and at a sweep.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
+
+from lowlevel.models import embeddings
+
+v1 = tf.compat.v1
+
+# Graph collections: every shard (for reports and savers), and the variables a shard's
+# snapshot saves (variable savers leave them out).
+SHARDS = "lowlevel_dynamic_embedding_shards"
+DYNAMIC_STATE = "lowlevel_dynamic_embedding_state"
+# Buckets of `string_ids`: the largest int64 bucket count, so strings are not folded.
+STRING_BUCKETS = 2 ** 63 - 1
+
+
+def _signed(c: int) -> int:
+    return c - 2 ** 64 if c >= 2 ** 63 else c
+
+
+_M1, _M2 = _signed(0xFF51AFD7ED558CCD), _signed(0xC4CEB9FE1A85EC53)  # MurmurHash3's fmix64
+
+
+def mix64(x):
+    """A 64-bit finaliser of int64 `x` (MurmurHash3's fmix64, wrapping int64) -> int64."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(33, tf.int64)))
+    x = x * tf.constant(_M1, tf.int64)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(33, tf.int64)))
+    x = x * tf.constant(_M2, tf.int64)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(33, tf.int64)))
+
+
+def shard_of(ids, num_shards: int):
+    """The shard of each int64 id (any shape): `mix64(id) mod num_shards`, int32."""
+    return tf.cast(tf.math.floormod(mix64(ids), num_shards), tf.int32)
+
+
+def string_ids(strings):
+    """64-bit ids of a string tensor (any shape) -> int64 in `[0, 2^63 - 1)`.
+
+    FarmHash fingerprints (`tf.strings.to_hash_bucket_fast`) over 2^63 - 1
+    buckets: no folding into a small vocabulary (two distinct strings share an
+    id with probability ~n^2 / 2^64 for n strings).
+    """
+    return tf.strings.to_hash_bucket_fast(strings, STRING_BUCKETS)
+
+
+def initial_rows(ids, dim: int, stddev: float, seed: int):
+    """The deterministic first value of the rows of int64 `ids` `[N]` -> float32 `[N, dim]`.
+
+    Uniform in `[-sqrt(3) stddev, sqrt(3) stddev]` (standard deviation `stddev`),
+    a function of (id, column, seed) only.
+    """
+    cols = tf.range(1, dim + 1, dtype=tf.int64) * tf.constant(_signed(0x9E3779B97F4A7C15),
+                                                              tf.int64)
+    h = mix64(mix64(ids[:, None] + seed) + cols[None, :])
+    unit = tf.cast(tf.bitwise.bitwise_and(h, (1 << 24) - 1), tf.float32) / float(1 << 24)
+    return (2.0 * unit - 1.0) * (math.sqrt(3.0) * stddev)
+
+
+class DynamicShard:
+    """One ps's part of a `DynamicTable` (the module docstring lists its state).
+
+    Create it under the ps's device scope (its variables and tables are placed
+    there and every op of it runs there).
+
+    Args:
+      name: variable scope name of the shard.
+      dim: floats per row.
+      capacity: rows preallocated (rows x dim x 8 bytes: rows and accumulators).
+      admit_after: sightings that admit an id (>= 1).
+      evict_after_steps: a row unseen for more than this many global steps is
+        evicted at the next sweep; 0: never.
+      sweep_every_steps: global steps between sweeps (>= 1).
+      stddev, seed: of `initial_rows`.
+      learning_rate: Adagrad's; initial_accumulator: a new row's accumulator.
+    """
+
+    def __init__(self, name: str, dim: int, capacity: int, admit_after: int = 1,
+                 evict_after_steps: int = 0, sweep_every_steps: int = 1, stddev: float = 0.1,
+                 seed: int = 0, learning_rate: float = 0.1, initial_accumulator: float = 0.1):
+        if admit_after < 1 or capacity < 1 or sweep_every_steps < 1 or evict_after_steps < 0:
+            raise ValueError(f"dynamic table {name}: admit_after, capacity and "
+                             "sweep_every_steps must be >= 1, evict_after_steps >= 0")
+        self.name, self.dim, self.capacity = name, dim, capacity
+        self.admit_after, self.evict_after_steps = admit_after, evict_after_steps
+        self.sweep_every_steps, self.stddev, self.seed = sweep_every_steps, stddev, seed
+        self.learning_rate, self.initial_accumulator = learning_rate, initial_accumulator
+        with v1.variable_scope(name):
+            self.scope = v1.get_variable_scope().name
+            self._make_state()
+        self.device = self.rows.device
+        self.saveable = ShardSaveable(self)
+        v1.add_to_collection(SHARDS, self)
+
+    def _variable(self, name, shape, dtype, value):
+        return v1.get_variable(
+            name, shape, dtype, v1.constant_initializer(value), trainable=False,
+            use_resource=True,
+            collections=[v1.GraphKeys.GLOBAL_VARIABLES, DYNAMIC_STATE])
+
+    def _make_state(self):
+        cap, dim = self.capacity, self.dim
+        self.rows = self._variable("rows", [cap, dim], tf.float32, 0.0)
+        self.accumulators = self._variable("accumulators", [cap, dim], tf.float32, 0.0)
+        self.keys = self._variable("keys", [cap], tf.int64, 0)
+        self.counts = self._variable("counts", [cap], tf.int64, 0)
+        self.last_seen = self._variable("last_seen", [cap], tf.int64, -1)
+        self.default_row = self._variable("default_row", [dim], tf.float32, 0.0)
+        self.last_sweep = self._variable("last_sweep", [], tf.int64, 0)
+        self.refused = self._variable("refused", [], tf.int64, 0)
+        # checkpoint=False: the shard's snapshot (`ShardSaveable`) saves them, not the tables.
+        self.index = tf.lookup.experimental.MutableHashTable(
+            tf.int64, tf.int64, -1, name=f"{self.scope}/index", checkpoint=False)
+        self.pending = tf.lookup.experimental.MutableHashTable(
+            tf.int64, tf.int64, [0, -1], name=f"{self.scope}/pending", checkpoint=False)
+        self.lock = tf.CriticalSection(name="lock", shared_name=f"{self.scope}/lock")
+
+    def _locked(self, fn, *args):
+        """fn(*args) as one execution of the shard's critical section, on its ps."""
+        with tf.device(self.device):
+            body = tf.function(fn, autograph=False)
+            return self.lock.execute(lambda: body(*args))
+
+    # -- lookup -----------------------------------------------------------------
+    def lookup(self, ids, sightings, step):
+        """Rows of the shard's distinct int64 `ids` `[U]` -> float32 `[U, dim]`.
+
+        Records `sightings` (int64 `[U]`, occurrences of each id) at global step
+        `step` (int64 scalar), admits and sweeps (module docstring). Ids without
+        a row read `default_row`.
+        """
+        return self._locked(self._lookup_body, ids, sightings, tf.cast(step, tf.int64))
+
+    def _lookup_body(self, ids, sightings, step):
+        row = self.index.lookup(ids)
+        self._admit(ids, sightings, row, step)
+        row = self.index.lookup(ids)
+        known = row >= 0
+        seen = tf.boolean_mask(row, known)
+        self.counts.scatter_add(tf.IndexedSlices(tf.boolean_mask(sightings, known), seen))
+        self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(seen), step), seen))
+        values = tf.where(known[:, None], tf.gather(self.rows, tf.maximum(row, 0)),
+                          self.default_row[None, :])
+        if self.evict_after_steps:
+            with tf.control_dependencies([values]):
+                due = step - self.last_sweep >= self.sweep_every_steps
+                tf.cond(due, lambda: self._sweep(step), lambda: tf.constant(0, tf.int64))
+        return values
+
+    def _admit(self, ids, sightings, row, step):
+        """Counts the sightings of ids without a row; gives rows to those reaching admit_after."""
+        new = row < 0
+        new_ids, new_sightings = tf.boolean_mask(ids, new), tf.boolean_mask(sightings, new)
+        total = self.pending.lookup(new_ids)[:, 0] + new_sightings
+        ready = total >= self.admit_after
+        free = tf.where(self.last_seen < 0)[:, 0]
+        taken = tf.minimum(tf.size(free, tf.int64), tf.reduce_sum(tf.cast(ready, tf.int64)))
+        order = tf.cumsum(tf.cast(ready, tf.int64))  # 1-based rank among the ready ids
+        admitted = tf.logical_and(ready, order <= taken)
+        admitted_ids, slots = tf.boolean_mask(new_ids, admitted), free[:taken]
+        self.refused.assign_add(tf.reduce_sum(tf.cast(ready, tf.int64)) - taken)
+        waiting = tf.logical_not(admitted)
+        waiting_ids = tf.boolean_mask(new_ids, waiting)
+        self.pending.insert(waiting_ids, tf.stack(
+            [tf.boolean_mask(total, waiting), tf.fill(tf.shape(waiting_ids), step)], axis=1))
+        self.pending.remove(admitted_ids)
+        self._fill(slots, admitted_ids, tf.boolean_mask(total - new_sightings, admitted))
+        self.index.insert(admitted_ids, slots)
+
+    def _fill(self, slots, ids, counts):
+        """Writes new rows `slots` for `ids`: initial row, accumulator, key, prior count."""
+        self.rows.scatter_update(tf.IndexedSlices(
+            initial_rows(ids, self.dim, self.stddev, self.seed), slots))
+        self.accumulators.scatter_update(tf.IndexedSlices(
+            tf.fill([tf.size(slots), self.dim], self.initial_accumulator), slots))
+        self.keys.scatter_update(tf.IndexedSlices(ids, slots))
+        self.counts.scatter_update(tf.IndexedSlices(counts, slots))
+
+    def _sweep(self, step):
+        """Evicts rows and forgets pending ids unseen for more than evict_after_steps."""
+        last = self.last_seen.read_value()
+        stale = tf.where(tf.logical_and(last >= 0, step - last > self.evict_after_steps))[:, 0]
+        self.index.remove(tf.gather(self.keys, stale))
+        self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale))
+        pending_ids, pending_values = self._pending_entries()
+        old = step - pending_values[:, 1] > self.evict_after_steps
+        self.pending.remove(tf.boolean_mask(pending_ids, old))
+        self.last_sweep.assign(step)
+        return tf.size(stale, tf.int64)
+
+    def _pending_entries(self):
+        """(ids int64 `[p]`, (sightings, last step) int64 `[p, 2]`) of the pending table."""
+        ids, values = self.pending.export()
+        return tf.reshape(ids, [-1]), tf.reshape(values, [-1, 2])
+
+    # -- update -----------------------------------------------------------------
+    def apply_gradients(self, ids, grads):
+        """Adagrad on the rows of distinct int64 `ids` `[U]` with float32 `grads` `[U, dim]`.
+
+        Only ids holding a row when the update runs are updated. Returns the op.
+        """
+        return self._locked(self._apply_body, ids, grads)
+
+    def _apply_body(self, ids, grads):
+        row = self.index.lookup(ids)
+        known = row >= 0
+        row, g = tf.boolean_mask(row, known), tf.boolean_mask(grads, known)
+        acc = tf.gather(self.accumulators, row) + tf.square(g)
+        self.accumulators.scatter_update(tf.IndexedSlices(acc, row))
+        self.rows.scatter_sub(tf.IndexedSlices(self.learning_rate * g * tf.math.rsqrt(acc), row))
+        return tf.size(row)
+
+    # -- snapshot ---------------------------------------------------------------
+    def size(self):
+        """int64 scalar: live rows (admitted ids) of the shard."""
+        with tf.device(self.device):
+            return self.index.size()
+
+    def export(self):
+        """One snapshot of the shard, taken under its lock: a dict of tensors.
+
+        keys int64 `[n]`, rows and accumulators float32 `[n, dim]`, counts and
+        last_seen int64 `[n]` (the n live rows, in row order), pending_keys
+        int64 `[p]` and pending_values int64 `[p, 2]` (sightings, last step).
+        """
+        names = ("keys", "rows", "accumulators", "counts", "last_seen", "pending_keys",
+                 "pending_values")
+        return dict(zip(names, self._locked(self._export_body)))
+
+    def _export_body(self):
+        live = tf.where(self.last_seen >= 0)[:, 0]
+        pending_keys, pending_values = self._pending_entries()
+        return (tf.gather(self.keys, live), tf.gather(self.rows, live),
+                tf.gather(self.accumulators, live), tf.gather(self.counts, live),
+                tf.gather(self.last_seen, live), pending_keys, pending_values)
+
+    def restore(self, snapshot: dict):
+        """Replaces the shard's state by `snapshot` (as `export` gives), under its lock.
+
+        The n rows go to rows 0..n-1. Returns the op. Raises (when run)
+        InvalidArgumentError if n exceeds the capacity.
+        """
+        return self._locked(self._restore_body, *(snapshot[k] for k in (
+            "keys", "rows", "accumulators", "counts", "last_seen", "pending_keys",
+            "pending_values")))
+
+    def _restore_body(self, keys, rows, accumulators, counts, last_seen, pending_keys,
+                      pending_values):
+        n = tf.size(keys, tf.int64)
+        tf.debugging.assert_less_equal(n, tf.constant(self.capacity, tf.int64),
+                                       message=f"{self.scope}: snapshot over capacity")
+        old_keys, _ = self.index.export()
+        self.index.remove(tf.reshape(old_keys, [-1]))
+        old_pending, _ = self._pending_entries()
+        self.pending.remove(old_pending)
+        slots = tf.range(n)
+        self.last_seen.assign(tf.fill([self.capacity], tf.constant(-1, tf.int64)))
+        for var, value in ((self.rows, rows), (self.accumulators, accumulators),
+                           (self.keys, keys), (self.counts, counts),
+                           (self.last_seen, last_seen)):
+            var.scatter_update(tf.IndexedSlices(value, slots))
+        self.index.insert(keys, slots)
+        self.pending.insert(pending_keys, pending_values)
+        return n
+
+
+class ShardSaveable(saveable_object.SaveableObject):
+    """A `DynamicShard`'s checkpoint entry: its `export` snapshot, saved and restored whole.
+
+    Tensor names in the checkpoint: `<shard scope>/-<part>` for each part of
+    `DynamicShard.export`. Restores into a shard of the same scope name (the
+    same number of shards).
+    """
+
+    def __init__(self, shard: DynamicShard):
+        self.shard = shard
+        snapshot = shard.export()
+        specs = [saveable_object.SaveSpec(t, "", f"{shard.scope}/-{k}", device=shard.device)
+                 for k, t in snapshot.items()]
+        self._parts = list(snapshot)
+        super().__init__(snapshot["keys"], specs, shard.scope)
+
+    def restore(self, restored_tensors, restored_shapes):
+        return self.shard.restore(dict(zip(self._parts, restored_tensors)))
+
+
+class DynamicTable:
+    """An embedding table of raw int64 ids, sharded over ps devices (module docstring).
+
+    Args:
+      name: variable scope name.
+      dim: floats per row.
+      devices: one device per shard (a ps task's CPU), e.g.
+        `["/job:ps/task:0", "/job:ps/task:1"]`; [None] in one process.
+      capacity: rows per shard.
+      learning_rate: the rows' Adagrad learning rate.
+      **options: `DynamicShard`'s (admit_after, evict_after_steps, sweep_every_steps,
+        stddev, seed, initial_accumulator).
+    """
+
+    def __init__(self, name: str, dim: int, devices, capacity: int, learning_rate: float,
+                 **options):
+        self.dim = dim
+        self.shards = []
+        with v1.variable_scope(name):
+            for i, device in enumerate(devices):
+                with tf.device(device):
+                    self.shards.append(DynamicShard(f"shard{i}", dim, capacity,
+                                                    learning_rate=learning_rate, **options))
+            self.anchor = v1.get_variable(
+                "anchor", [1], tf.float32, v1.zeros_initializer(),
+                collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES,
+                             embeddings.TABLES])
+
+    def lookup(self, ids, step):
+        """Rows of int64 `ids` (any shape S) at global step `step` -> float32 `S + [dim]`.
+
+        Each distinct id goes once to its shard, with its count in the batch;
+        the gradient of the result updates the rows (module docstring).
+        """
+        flat = tf.reshape(ids, [-1])
+        unique, index, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+        n = len(self.shards)
+        part = shard_of(unique, n)
+        positions = tf.dynamic_partition(tf.range(tf.size(unique)), part, n)
+        shard_ids = tf.dynamic_partition(unique, part, n)
+        shard_counts = tf.dynamic_partition(counts, part, n)
+        found = [s.lookup(i, c, step) for s, i, c in zip(self.shards, shard_ids, shard_counts)]
+        rows = tf.dynamic_stitch(positions, found)
+        rows = self._trained(rows, positions, shard_ids)
+        out = embeddings._expand(rows, index)
+        return tf.reshape(out, tf.concat([tf.shape(ids), [self.dim]], axis=0))
+
+    def _trained(self, rows, positions, shard_ids):
+        """`rows` `[U, dim]`, whose gradient applies each shard's update (via the anchor)."""
+        @tf.custom_gradient
+        def trained(unique_rows, anchor):
+            def grad(dy):
+                updates = [s.apply_gradients(i, tf.gather(dy, p))
+                           for s, i, p in zip(self.shards, shard_ids, positions)]
+                with tf.control_dependencies(updates):
+                    return None, tf.zeros_like(anchor)
+            return tf.identity(unique_rows), grad
+        return trained(rows, self.anchor.read_value() if hasattr(self.anchor, "read_value")
+                       else tf.identity(self.anchor))
+
+    def sizes(self):
+        """int64 `[num_shards]`: live rows per shard."""
+        return tf.stack([s.size() for s in self.shards])
+
+    def saveables(self) -> list:
+        """The shards' `ShardSaveable`s, one consistent snapshot each."""
+        return [s.saveable for s in self.shards]
+
+
+def variables_to_save(variables) -> list:
+    """`variables` without the dynamic shards' state (their snapshots save it)."""
+    state = {id(v) for v in v1.get_collection(DYNAMIC_STATE)}
+    return [v for v in variables if id(v) not in state]
+
+
+def saveables() -> list:
+    """Every dynamic shard's `ShardSaveable` in the default graph."""
+    return [s.saveable for s in v1.get_collection(SHARDS)]
