@@ -145,7 +145,7 @@ def test_a_million_distinct_64_bit_ids_get_a_million_rows(harness_factory):
 
 def _expected_row(init, acc):
     """The row after k = round(acc - ACC0) Adagrad updates with gradient 1 from `init`."""
-    k = int(round(float(acc[0]) - ACC0))
+    k = round(float(acc[0]) - ACC0)
     steps = LR / np.sqrt(ACC0 + np.arange(1, k + 1, dtype=np.float64))
     return init - steps.sum(), k
 
@@ -194,7 +194,9 @@ def test_checkpoints_under_concurrent_updates_hold_rows_with_their_slots(harness
     paths = []
     try:
         deadline = time.monotonic() + 60
-        while len(paths) < 5 and time.monotonic() < deadline:
+        while min(h.counts()[0]) < 20 and time.monotonic() < deadline and not errors:
+            time.sleep(0.05)  # rows in every shard before the first save
+        while len(paths) < 5 and time.monotonic() < deadline and not errors:
             time.sleep(0.3)
             paths.append(h.saver.save(h.session, str(tmp_path / f"ckpt-{len(paths)}")))
     finally:
@@ -220,7 +222,7 @@ def test_checkpoints_under_concurrent_updates_hold_rows_with_their_slots(harness
                 # the check can fail: rows paired with another snapshot's slots do
         assert trained > 0
         first, last = _read_checkpoint(paths[0]), _read_checkpoint(paths[-1])
-        shard = sorted(first)[0]
+        shard = min(first)
         common, i, j = np.intersect1d(first[shard]["keys"], last[shard]["keys"],
                                       return_indices=True)
         mixed = _inconsistent(common, first[shard]["rows"][i], last[shard]["accumulators"][j],
