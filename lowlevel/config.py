@@ -137,6 +137,24 @@ class TrainConfig:
     vocab_size: int = _field(
         100000, "synthetic_ctr: table rows over all 26 categorical fields, spread with Criteo's "
         "skew (10000000 x --embedding_dim=16 is 640 MB of table).", minimum=26)
+    embedding: str = _field(
+        "static", "wide_deep: static embedding tables (every id mapped into [0, rows) by the "
+        "data: vocabularies, hashed buckets) or dynamic ones: raw 64-bit ids (a field's low 56 "
+        "bits) in hash tables on the ps tasks (one shard per ps), a row made when an id is "
+        "admitted (--admit_after), evicted when stale (--evict_after_steps), trained with "
+        "Adagrad (docs/dynamic-embeddings.md).", choices=("static", "dynamic"))
+    admit_after: int = _field(
+        1, "--embedding=dynamic: sightings (occurrences in training batches, counted on the ps) "
+        "that admit an id to a row of its own; before, it reads a shared zero row and gets no "
+        "update. 1: every id at once.", minimum=1)
+    evict_after_steps: int = _field(
+        0, "--embedding=dynamic: a row unseen for more than this many global steps is evicted "
+        "(with its optimizer slot; checked every max(1, N/10) steps); 0: never.", minimum=0)
+    dynamic_capacity: int = _field(
+        1000000, "--embedding=dynamic: rows preallocated per ps shard of each table (each row: "
+        "embedding and Adagrad slot, 8 x --embedding_dim bytes, plus 24 bytes of key, count "
+        "and last-seen step); an id admitted when none is free waits for an eviction.",
+        minimum=1)
     # Optimisation.
     optimizer: str = _field("adagrad", "Optimizer (--dataset=movielens: adam). adam is lazy on "
                             "embedding tables: a step updates only the rows it looked up.",
@@ -309,6 +327,9 @@ class TrainConfig:
             raise UsageError(
                 f"--model={self.model} --dataset={self.dataset}: the wide_deep model trains on "
                 f"{' or '.join(CTR_DATASETS)} and the image models on the others")
+        if self.embedding == "dynamic" and self.model != "wide_deep":
+            raise UsageError(f"--embedding=dynamic: dynamic embedding tables are wide_deep's "
+                             f"(--model={self.model} has none)")
         if self.metrics_port > 65535:
             raise UsageError(f"--metrics_port={self.metrics_port}: expected a port, 1-65535 "
                              "(0: no metrics)")

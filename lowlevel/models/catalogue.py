@@ -18,8 +18,9 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from lowlevel.config import DEFAULT_LEARNING_RATES
+from lowlevel.models import dynamic_embeddings, wide_deep
 from lowlevel.models import spec as spec_lib
-from lowlevel.models import wide_deep
 
 v1 = tf.compat.v1
 
@@ -82,10 +83,12 @@ def model_fn(features, labels, mode, params):
         eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, classes)})
 
 
-def params_for(config, data, partitioner=None) -> dict:
+def params_for(config, data, partitioner=None, ps_tasks: int = 0) -> dict:
     """`model_fn`'s params for `config`'s model (a `TrainConfig`) on `data` (its classes,
-    its click-through fields for wide_deep)."""
-    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2)
+    its click-through fields for wide_deep; with --embedding=dynamic, dynamic tables of
+    one shard per ps task, `ps_tasks`, 0 in one process)."""
+    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2,
+                                dynamic_options(config, ps_tasks))
               if config.model == "wide_deep" else None)
     return {"model": config.model, "num_classes": data.num_classes,
             "hidden_units": tuple(config.hidden_units), "seed": config.seed,
@@ -93,9 +96,22 @@ def params_for(config, data, partitioner=None) -> dict:
             "learning_rate": config.lr}
 
 
-def for_config(config, data, partitioner=None):
+def dynamic_options(config, ps_tasks: int = 0):
+    """The `dynamic_embeddings.Options` of `config` (--embedding=dynamic), else None.
+
+    The rows' Adagrad learning rate is --learning_rate with --optimizer=adagrad, else
+    Adagrad's default (0.1): the other optimizers' rates are for their own updates.
+    """
+    if config.embedding != "dynamic":
+        return None
+    rate = config.lr if config.optimizer == "adagrad" else DEFAULT_LEARNING_RATES["adagrad"]
+    return dynamic_embeddings.Options(ps_tasks, config.dynamic_capacity, config.admit_after,
+                                      config.evict_after_steps, rate)
+
+
+def for_config(config, data, partitioner=None, ps_tasks: int = 0):
     """`inputs -> logits` of `config`'s model on `data`: `model_fn`'s PREDICT-mode logits."""
-    params = params_for(config, data, partitioner)
+    params = params_for(config, data, partitioner, ps_tasks)
     return lambda inputs: model_fn(inputs, None, spec_lib.ModeKeys.PREDICT,
                                    params).predictions["logits"]
 

@@ -62,6 +62,8 @@ ps's work per lookup is O(unique ids) plus O(capacity) when rows are admitted
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 
 import tensorflow as tf
@@ -75,6 +77,9 @@ v1 = tf.compat.v1
 # snapshot saves (variable savers leave them out).
 SHARDS = "lowlevel_dynamic_embedding_shards"
 DYNAMIC_STATE = "lowlevel_dynamic_embedding_state"
+TABLE_REGISTRY = "lowlevel_dynamic_embedding_tables"  # [{scope name: DynamicTable}]
+READING = "lowlevel_dynamic_embedding_reading"  # non-empty within `reading()`
+FIELD_BITS = 56  # `FieldTables`: field k's id x is the key (k << 56) | (x mod 2^56)
 # Buckets of `string_ids`: the largest int64 bucket count, so strings are not folded.
 STRING_BUCKETS = 2 ** 63 - 1
 
@@ -83,16 +88,14 @@ def _signed(c: int) -> int:
     return c - 2 ** 64 if c >= 2 ** 63 else c
 
 
-_M1, _M2 = _signed(0xFF51AFD7ED558CCD), _signed(0xC4CEB9FE1A85EC53)  # MurmurHash3's fmix64
-
-
 def mix64(x):
-    """A 64-bit finaliser of int64 `x` (MurmurHash3's fmix64, wrapping int64) -> int64."""
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(33, tf.int64)))
-    x = x * tf.constant(_M1, tf.int64)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(33, tf.int64)))
-    x = x * tf.constant(_M2, tf.int64)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(33, tf.int64)))
+    """MurmurHash3's 64-bit finaliser (fmix64) of int64 `x` -> int64, a bijection of 64 bits."""
+    u = tf.bitcast(tf.cast(x, tf.int64), tf.uint64)
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):
+        u = tf.bitwise.bitwise_xor(u, tf.bitwise.right_shift(u, tf.constant(33, tf.uint64)))
+        if multiplier:
+            u = u * tf.constant(multiplier, tf.uint64)
+    return tf.bitcast(u, tf.int64)
 
 
 def shard_of(ids, num_shards: int):
@@ -162,7 +165,7 @@ class DynamicShard:
         return v1.get_variable(
             name, shape, dtype, v1.constant_initializer(value), trainable=False,
             use_resource=True,
-            collections=[v1.GraphKeys.GLOBAL_VARIABLES, DYNAMIC_STATE])
+            collections=[v1.GraphKeys.GLOBAL_VARIABLES, DYNAMIC_STATE, embeddings.TABLES])
 
     def _make_state(self):
         cap, dim = self.capacity, self.dim
@@ -195,7 +198,17 @@ class DynamicShard:
         `step` (int64 scalar), admits and sweeps (module docstring). Ids without
         a row read `default_row`.
         """
-        return self._locked(self._lookup_body, ids, sightings, tf.cast(step, tf.int64))
+        step = tf.cast(tf.convert_to_tensor(step), tf.int64)  # a value: not the variable
+        return self._locked(self._lookup_body, ids, sightings, step)
+
+    def read(self, ids):
+        """Rows of int64 `ids` `[U]` as they are -> float32 `[U, dim]`; nothing is recorded."""
+        return self._locked(self._read_body, ids)
+
+    def _read_body(self, ids):
+        row = self.index.lookup(ids)
+        return tf.where((row >= 0)[:, None], tf.gather(self.rows, tf.maximum(row, 0)),
+                        self.default_row[None, :])
 
     def _lookup_body(self, ids, sightings, step):
         row = self.index.lookup(ids)
@@ -368,21 +381,41 @@ class DynamicTable:
                  **options):
         self.dim = dim
         self.shards = []
-        with v1.variable_scope(name):
+        with v1.variable_scope(name) as scope:
+            scope.set_partitioner(None)  # a shard is whole: the model's partitioner is not for it
+            self.name = scope.name
             for i, device in enumerate(devices):
                 with tf.device(device):
                     self.shards.append(DynamicShard(f"shard{i}", dim, capacity,
                                                     learning_rate=learning_rate, **options))
             self.anchor = v1.get_variable(
-                "anchor", [1], tf.float32, v1.zeros_initializer(),
+                "anchor", [1], tf.float32, v1.zeros_initializer(), use_resource=True,
                 collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES,
                              embeddings.TABLES])
+
+    @classmethod
+    def get(cls, name: str, dim: int, devices, capacity: int, learning_rate: float,
+            **options) -> DynamicTable:
+        """The table `name` of the current variable scope in the default graph, made once.
+
+        A model built twice in one graph (training, then evaluation) shares its
+        tables, as `AUTO_REUSE` shares variables.
+        """
+        tables = v1.get_collection_ref(TABLE_REGISTRY)
+        if not tables:
+            tables.append({})
+        scope = v1.get_variable_scope().name
+        key = f"{scope}/{name}" if scope else name
+        if key not in tables[0]:
+            tables[0][key] = cls(name, dim, devices, capacity, learning_rate, **options)
+        return tables[0][key]
 
     def lookup(self, ids, step):
         """Rows of int64 `ids` (any shape S) at global step `step` -> float32 `S + [dim]`.
 
         Each distinct id goes once to its shard, with its count in the batch;
-        the gradient of the result updates the rows (module docstring).
+        the gradient of the result updates the rows (module docstring). Within
+        `reading()`: rows are only read (no sighting, admission or update).
         """
         flat = tf.reshape(ids, [-1])
         unique, index, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
@@ -391,10 +424,14 @@ class DynamicTable:
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), part, n)
         shard_ids = tf.dynamic_partition(unique, part, n)
         shard_counts = tf.dynamic_partition(counts, part, n)
-        found = [s.lookup(i, c, step) for s, i, c in zip(self.shards, shard_ids, shard_counts)]
-        rows = tf.dynamic_stitch(positions, found)
-        rows = self._trained(rows, positions, shard_ids)
-        out = embeddings._expand(rows, index)
+        if _reading():
+            found = [s.read(i) for s, i in zip(self.shards, shard_ids)]
+            out = tf.gather(tf.dynamic_stitch(positions, found), index)
+        else:
+            found = [s.lookup(i, c, step)
+                     for s, i, c in zip(self.shards, shard_ids, shard_counts)]
+            rows = self._trained(tf.dynamic_stitch(positions, found), positions, shard_ids)
+            out = embeddings._expand(rows, index)
         return tf.reshape(out, tf.concat([tf.shape(ids), [self.dim]], axis=0))
 
     def _trained(self, rows, positions, shard_ids):
@@ -428,3 +465,86 @@ def variables_to_save(variables) -> list:
 def saveables() -> list:
     """Every dynamic shard's `ShardSaveable` in the default graph."""
     return [s.saveable for s in v1.get_collection(SHARDS)]
+
+
+@contextlib.contextmanager
+def reading():
+    """Within it, the default graph's dynamic tables are looked up read-only (evaluation,
+    serving): no sighting is counted, no row admitted, no gradient applied."""
+    flag = v1.get_collection_ref(READING)
+    flag.append(True)
+    try:
+        yield
+    finally:
+        flag.pop()
+
+
+def _reading() -> bool:
+    return bool(v1.get_collection(READING))
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a model's dynamic tables are made (`--embedding=dynamic` and its flags).
+
+    Attributes:
+      ps_tasks: shards, one per ps task (`/job:ps/task:K`); 0: one shard, in-process.
+      capacity: rows per shard of each table.
+      admit_after, evict_after_steps: as `DynamicShard`'s; sweeps every
+        max(1, evict_after_steps // 10) steps.
+      learning_rate: the rows' Adagrad learning rate.
+    """
+
+    ps_tasks: int
+    capacity: int
+    admit_after: int = 1
+    evict_after_steps: int = 0
+    learning_rate: float = 0.1
+
+    def devices(self) -> list:
+        """One device per shard."""
+        if not self.ps_tasks:
+            return [None]
+        return [f"/job:ps/task:{i}/device:CPU:0" for i in range(self.ps_tasks)]
+
+    def table(self, name: str, dim: int, stddev: float, seed: int) -> DynamicTable:
+        """The table `name` of the current scope (`DynamicTable.get`) with these options."""
+        return DynamicTable.get(
+            name, dim, self.devices(), self.capacity, self.learning_rate,
+            admit_after=self.admit_after, evict_after_steps=self.evict_after_steps,
+            sweep_every_steps=max(1, self.evict_after_steps // 10), stddev=stddev, seed=seed)
+
+
+class FieldTables:
+    """Several categorical fields' raw ids in one `DynamicTable` (as `embeddings.FieldTable`).
+
+    Field k's id x (int64, any value; only its low 56 bits count) is the key
+    `(k << 56) | (x mod 2^56)`: ids of different fields never share a row, and
+    no id is folded into a bucket.
+
+    Args:
+      name, dim, stddev, seed: the table's.
+      num_fields: K, the fields (< 256).
+      options: an `Options`.
+    """
+
+    def __init__(self, name: str, num_fields: int, dim: int, stddev: float, seed: int,
+                 options: Options):
+        if not 0 < num_fields <= 1 << (64 - FIELD_BITS - 1):
+            raise ValueError(f"dynamic table {name}: {num_fields} fields; at most 128")
+        self.num_fields, self.dim = num_fields, dim
+        self.table = options.table(name, dim, stddev, seed)
+
+    def keys(self, ids):
+        """The table's keys of int64 `ids` `[B, K]` (column k: field k) -> int64 `[B, K]`."""
+        fields = tf.range(self.num_fields, dtype=tf.int64)[None, :]
+        low = tf.bitwise.bitwise_and(ids, tf.constant((1 << FIELD_BITS) - 1, tf.int64))
+        return tf.bitwise.bitwise_or(
+            tf.bitwise.left_shift(fields, tf.constant(FIELD_BITS, tf.int64)), low)
+
+    def lookup(self, ids):
+        """Rows for int64 `ids` `[B, K]` -> float32 `[B, K, dim]`, at the graph's global step
+        (0 without one)."""
+        step = v1.train.get_global_step()
+        step = tf.constant(0, tf.int64) if step is None else tf.convert_to_tensor(step)
+        return self.table.lookup(self.keys(ids), step)

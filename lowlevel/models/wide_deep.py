@@ -14,7 +14,9 @@ For features as `lowlevel.data.ctr` gives them (`dense` float32 `[B, D]`,
 
 Tables are `lowlevel.models.embeddings.FieldTable`s: the fields share one table per part,
 partitioned by rows over the ps tasks, looked up with deduplicated ids, trained with
-sparse gradients.
+sparse gradients. With `Spec.dynamic` (`--embedding=dynamic`) they are
+`lowlevel.models.dynamic_embeddings.FieldTables` instead: raw ids, rows made on
+admission in hash tables on the ps, evicted when stale; the field sizes are then unused.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import math
 
 import tensorflow as tf
 
-from lowlevel.models import embeddings
+from lowlevel.models import dynamic_embeddings, embeddings
 
 v1 = tf.compat.v1
 
@@ -55,11 +57,19 @@ class Spec:
     hash_buckets: int
     embedding_dim: int
     l2: float = 0.0  # L2 weight on the embedding rows a batch touches (`_l2_rows`)
+    dynamic: dynamic_embeddings.Options | None = None  # dynamic tables (raw ids) if set
 
     @classmethod
-    def of(cls, data, embedding_dim: int, l2: float = 0.0) -> "Spec":
+    def of(cls, data, embedding_dim: int, l2: float = 0.0, dynamic=None) -> "Spec":
         return cls(tuple(data.field_sizes), len(data.cross_names), data.hash_buckets,
-                   embedding_dim, l2)
+                   embedding_dim, l2, dynamic)
+
+    def table(self, name: str, sizes, dim: int, stddev: float, seed: int):
+        """The fields' table: a static `FieldTable` of `sizes` rows, or dynamic `FieldTables`."""
+        if self.dynamic is not None:
+            return dynamic_embeddings.FieldTables(name, len(sizes), dim, stddev, seed,
+                                                  self.dynamic)
+        return embeddings.FieldTable(name, sizes, dim, stddev, seed)
 
 
 def logits(features: dict, spec: Spec, hidden_units, seed: int, dense_layer):
@@ -68,14 +78,14 @@ def logits(features: dict, spec: Spec, hidden_units, seed: int, dense_layer):
     categorical, crosses = features["categorical"], features["crosses"]
     num_fields, num_wide = len(spec.field_sizes), len(spec.field_sizes) + spec.num_crosses
     with v1.variable_scope("wide"):
-        weights = embeddings.FieldTable(
+        weights = spec.table(
             "weights", [*spec.field_sizes, *[spec.hash_buckets] * spec.num_crosses], 1, 1e-3,
             seed)
         terms = weights.lookup(tf.concat([categorical, crosses], axis=1))  # [B, F + C, 1]
         wide = (tf.reduce_sum(tf.reshape(terms, [-1, num_wide]), axis=1, keepdims=True)
                 + dense_layer(dense, 1, "dense", seed))
     with v1.variable_scope("deep"):
-        table = embeddings.FieldTable("embeddings", spec.field_sizes, spec.embedding_dim,
+        table = spec.table("embeddings", spec.field_sizes, spec.embedding_dim,
                                       1.0 / math.sqrt(spec.embedding_dim), seed + 200)
         rows = tf.reshape(table.lookup(categorical), [-1, num_fields * spec.embedding_dim])
         deep_inputs = [dense, _l2_rows(rows, spec.l2)]  # field by field, as a concat would

@@ -32,6 +32,7 @@ from absl import logging
 
 from lowlevel import errors
 from lowlevel.errors import CheckpointMismatch, NoReadableCheckpoint
+from lowlevel.models import dynamic_embeddings
 from lowlevel.outputs import chunked_save
 
 v1 = tf.compat.v1
@@ -150,7 +151,7 @@ def check_compatible(checkpoint_dir: Optional[str], variables, path: Optional[st
               "--model/--hidden_units/--dataset/--optimizer of the run that wrote it")
     wanted = _logical(variables)
     for name, (mine, dtype) in wanted.items():  # shape and dtype first: they say most
-        if name in shapes and list(shapes[name]) != mine:
+        if name in shapes and mine is not None and list(shapes[name]) != mine:
             raise CheckpointMismatch(f"{where}: variable {name} has shape {list(shapes[name])} "
                                      f"there but {mine} in this model: {advice}")
         if name in dtypes and dtypes[name] != dtype:
@@ -176,15 +177,17 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
 
     A sharded variable's shards go under the whole variable's name (as the
     default `Saver` does); each variable in `renamed` ({name: variable})
-    under the name given there instead of its own.
+    under the name given there instead of its own. The default graph's dynamic
+    embedding shards are saved by their snapshots (`ShardSaveable`, under the
+    shard's scope name), their state variables not by themselves.
 
     Returns:
       {name in checkpoints: variable, or the list of a sharded variable's shards}.
     """
     renamed = dict(renamed or {})
     taken = {id(v) for v in renamed.values()}
-    names: dict = {}
-    for var in variables:
+    names: dict = {shard.name: shard for shard in dynamic_embeddings.saveables()}
+    for var in dynamic_embeddings.variables_to_save(variables):
         if id(var) in taken:
             continue
         info = getattr(var, "_save_slice_info", None)
@@ -250,6 +253,9 @@ def _logical(variables) -> dict:
     if isinstance(variables, dict):
         found = {}
         for name, var in variables.items():
+            if isinstance(var, dynamic_embeddings.ShardSaveable):  # parts of dynamic shapes
+                found.update({spec.name: (None, spec.dtype) for spec in var.specs})
+                continue
             first = var[0] if isinstance(var, (list, tuple)) else var
             info = getattr(first, "_save_slice_info", None)
             shape = list(info.full_shape) if info is not None else first.shape.as_list()

@@ -20,6 +20,7 @@ from absl import logging
 from lowlevel import errors, output_layout
 from lowlevel.config import TrainConfig
 from lowlevel.models import catalogue as models
+from lowlevel.models import dynamic_embeddings
 from lowlevel.outputs import checkpoints, export, files
 from lowlevel.runtime import faults, metrics
 
@@ -48,7 +49,7 @@ def build(data, split, model_fn) -> EvalOps:
     partitioner), so that its variables are reused.
     """
     initializer, feed, (inputs, labels) = data.eval_input(split)
-    with tf.name_scope("eval"):
+    with tf.name_scope("eval"), dynamic_embeddings.reading():  # no admission by test ids
         logits = model_fn(inputs)
         if logits.shape.rank == 1:  # one logit: sigmoid
             losses = tf.nn.sigmoid_cross_entropy_with_logits(

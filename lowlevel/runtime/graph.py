@@ -101,7 +101,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         v1.set_random_seed(config.seed)
         device, partitioner = (_placement(config, data, cluster, task, worker_gpu)
                                if cluster else (None, None))
-        model_fn = models.for_config(config, data, partitioner)
+        model_fn = models.for_config(config, data, partitioner,
+                                     cluster.num_ps if cluster else 0)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
@@ -198,7 +199,7 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
     over the ps tasks (`placement`).
     """
     def probe(partitioner):
-        return lambda: models.for_config(config, data, partitioner)(
+        return lambda: models.for_config(config, data, partitioner, cluster.num_ps)(
             data.probe_inputs())
 
     whole, tables = placement.measure(probe(None))
