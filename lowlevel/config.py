@@ -141,8 +141,8 @@ class TrainConfig:
         "static", "wide_deep: static embedding tables (every id mapped into [0, rows) by the "
         "data: vocabularies, hashed buckets) or dynamic ones: raw 64-bit ids (a field's low 56 "
         "bits) in hash tables on the ps tasks (one shard per ps), a row made when an id is "
-        "admitted (--admit_after), evicted when stale (--evict_after_steps), trained with "
-        "Adagrad (docs/dynamic-embeddings.md).", choices=("static", "dynamic"))
+        "admitted (--admit_after), evicted when stale (--evict_after_steps), with its "
+        "optimizer slots (docs/dynamic-embeddings.md).", choices=("static", "dynamic"))
     admit_after: int = _field(
         1, "--embedding=dynamic: sightings (occurrences in training batches, counted on the ps) "
         "that admit an id to a row of its own; before, it reads a shared zero row and gets no "
@@ -152,9 +152,13 @@ class TrainConfig:
         "(with its optimizer slot; checked every max(1, N/10) steps); 0: never.", minimum=0)
     dynamic_capacity: int = _field(
         1000000, "--embedding=dynamic: rows preallocated per ps shard of each table (each row: "
-        "embedding and Adagrad slot, 8 x --embedding_dim bytes, plus 24 bytes of key, count "
-        "and last-seen step); an id admitted when none is free waits for an eviction.",
+        "embedding and optimizer slots, 4 x --embedding_dim bytes each, plus 24 bytes of key, "
+        "count and last-seen step); an id admitted when none is free waits for an eviction.",
         minimum=1)
+    dynamic_learning_rate: Optional[float] = _field(
+        None, "--embedding=dynamic: the rows' learning rate. Their optimizer is --optimizer's "
+        "if adagrad or adam (lazy, per row), else Adagrad; default rate: --learning_rate, "
+        "or 0.1 for Adagrad in place of another optimizer.", above=0)
     # Optimisation.
     optimizer: str = _field("adagrad", "Optimizer (--dataset=movielens: adam). adam is lazy on "
                             "embedding tables: a step updates only the rows it looked up.",

@@ -1,6 +1,9 @@
 """Dynamic embedding tables (`lowlevel.models.dynamic_embeddings`): admission, eviction,
 collision-free rows, consistent checkpoints under concurrent updates, restore."""
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -8,10 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from clusters import ROOT, final_metrics
 from lowlevel.models import dynamic_embeddings as de
 
 v1 = tf.compat.v1
 LR, ACC0 = 0.1, 0.1  # the tables' Adagrad learning rate and initial accumulator here
+MOVIELENS = os.path.join(ROOT, "data", "ml-100k")
 
 
 class Harness:
@@ -258,3 +263,78 @@ def test_string_ids_are_64_bit_and_not_folded():
         ids = s.run(de.string_ids(tf.constant(words)))
     assert len(set(ids.tolist())) == len(words)
     assert ids.max() > 2 ** 62  # spread over 63 bits, not a small bucket range
+
+
+@pytest.mark.timeout(120)
+def test_lazy_adam_rows_count_their_own_updates(harness_factory):
+    h = harness_factory(dim=2, optimizer="adam")
+    h.step_on([5], 0)  # admitted and updated (gradient 1)
+    h.step_on([5, 5], 1)  # gradient 2 (two occurrences, summed)
+    (part,) = h.session.run(h.exports)
+    assert part["updates"].tolist() == [2.0]
+    m, v, row = 0.0, 0.0, _initial([5], 2)[0].astype(np.float64)
+    for t, g in ((1, 1.0), (2, 2.0)):
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        row -= LR * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t) * m / (np.sqrt(v) + 1e-8)
+    np.testing.assert_allclose(part["m"][0], m, rtol=1e-5)
+    np.testing.assert_allclose(part["v"][0], v, rtol=1e-5)
+    np.testing.assert_allclose(part["rows"][0], row, atol=1e-5)  # float32
+
+
+def _launch(out, *flags, timeout=900):
+    """`python -m lowlevel.launch` (1 ps + 2 workers) to the end; the launcher ends its tasks."""
+    return subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           *flags], check=False, capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def _checkpoint_shards(out) -> dict:
+    """{shard scope: {part: array}} of the newest checkpoint in `out`."""
+    return _read_checkpoint(tf.train.latest_checkpoint(str(out)))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_dynamic_synthetic_ctr_on_a_cluster_admits_evicts_checkpoints_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    common = ["--model=wide_deep", "--dataset=synthetic_ctr", "--vocab_size=200000",
+              "--embedding=dynamic", "--admit_after=2", "--evict_after_steps=100",
+              "--dynamic_capacity=60000", "--save_checkpoint_steps=100", "--hidden_units=32"]
+    first = _launch(out, *common, "--train_steps=200", timeout=400)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    metrics = final_metrics(out)
+    rows = metrics["dynamic_rows"]
+    assert set(rows) == {"model/wide/weights/shard0", "model/deep/embeddings/shard0"}, rows
+    assert 1000 < rows["model/deep/embeddings/shard0"] <= 60000, rows
+    shards = _checkpoint_shards(out)
+    for scope, part in shards.items():
+        n = part["keys"].size
+        assert n > 0 and all(part[k].shape[0] == n for k in ("rows", "accumulators",
+                                                             "counts", "last_seen")), scope
+        assert (part["counts"] >= 2).all()  # admitted at their 2nd sighting
+        assert (part["last_seen"] >= 200 - 100 - 2 * 10).all()  # stale rows were evicted
+        assert part["pending_keys"].size > 0  # ids seen once wait
+    second = _launch(out, *common, "--train_steps=300", timeout=400)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    resumed = final_metrics(out)
+    assert resumed["start_global_step"] == 200 and resumed["global_step"] == 300
+    assert resumed["auc"] > 0.55, resumed
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(900)
+def test_dynamic_movielens_with_raw_ids_reaches_auc_078(tmp_path):
+    """The static run's target (tests/test_wide_deep.py), with dynamic tables on 1 ps + 2
+    workers: the launcher's default MovieLens run, every id admitted at once."""
+    got = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "get_movielens"),
+                          MOVIELENS], check=False, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    out = tmp_path / "run"
+    done = _launch(out, "--model=wide_deep", "--dataset=movielens", f"--data_dir={MOVIELENS}",
+                   "--embedding=dynamic")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = final_metrics(out)
+    assert metrics["auc"] >= 0.78, metrics
+    rows = metrics["dynamic_rows"]
+    # 943 users, 1,682 films, their other fields: every training id has its row
+    assert 2600 < rows["model/deep/embeddings/shard0"] < 3000, rows

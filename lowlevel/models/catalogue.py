@@ -99,14 +99,18 @@ def params_for(config, data, partitioner=None, ps_tasks: int = 0) -> dict:
 def dynamic_options(config, ps_tasks: int = 0):
     """The `dynamic_embeddings.Options` of `config` (--embedding=dynamic), else None.
 
-    The rows' Adagrad learning rate is --learning_rate with --optimizer=adagrad, else
-    Adagrad's default (0.1): the other optimizers' rates are for their own updates.
+    The rows' optimizer is --optimizer's when it is adagrad or adam (lazy, per row),
+    else Adagrad; its rate --dynamic_learning_rate, or --learning_rate when the
+    optimizer is --optimizer's, else Adagrad's default (0.1).
     """
     if config.embedding != "dynamic":
         return None
-    rate = config.lr if config.optimizer == "adagrad" else DEFAULT_LEARNING_RATES["adagrad"]
+    same = config.optimizer in dynamic_embeddings.SLOTS
+    optimizer = config.optimizer if same else "adagrad"
+    rate = config.dynamic_learning_rate or (
+        config.lr if same else DEFAULT_LEARNING_RATES["adagrad"])
     return dynamic_embeddings.Options(ps_tasks, config.dynamic_capacity, config.admit_after,
-                                      config.evict_after_steps, rate)
+                                      config.evict_after_steps, rate, optimizer)
 
 
 def for_config(config, data, partitioner=None, ps_tasks: int = 0):

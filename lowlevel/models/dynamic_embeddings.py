@@ -10,9 +10,10 @@ a 64-bit finaliser, so consecutive or patterned ids spread evenly). A shard
 holds, on its ps:
 
 - `index`: a `MutableHashTable` int64 id -> int64 row in `[0, capacity)`;
-- `rows`, `accumulators`: float32 `[capacity, dim]` variables, the embedding
-  rows and their Adagrad accumulators (the slot follows its row: same row
-  index, written on admission, freed on eviction);
+- `rows`: float32 `[capacity, dim]`, the embedding rows, and `slots`, the
+  optimizer's (`SLOTS`; Adagrad: `accumulators` `[capacity, dim]`; lazy Adam:
+  `m`, `v` `[capacity, dim]` and `updates` `[capacity]`): a slot follows its
+  row (same row index, written on admission, freed on eviction);
 - `keys`, `counts`, `last_seen`: int64 `[capacity]`, the id of each row, its
   sightings, and the global step that last saw it (-1: the row is free);
 - `pending`: a `MutableHashTable` int64 id -> int64 `[2]` (sightings, last
@@ -37,7 +38,7 @@ stream):
   many steps): its key leaves `index`, the row and its accumulator are free
   for the next admission; pending ids unseen as long are forgotten too.
   `evict_after_steps=0`: never.
-- **Updates** (Adagrad: `acc += g^2; row -= lr * g / sqrt(acc)`) look the ids
+- **Updates** (Adagrad or lazy Adam: `DynamicShard.apply_gradients`) look the ids
   up again under the shard's lock: a row evicted (and maybe given to another
   id) since the forward lookup is not touched; ids without a row get nothing.
 - **Consistency**: lookup, update, checkpoint export and restore of a shard
@@ -79,6 +80,9 @@ SHARDS = "lowlevel_dynamic_embedding_shards"
 DYNAMIC_STATE = "lowlevel_dynamic_embedding_state"
 TABLE_REGISTRY = "lowlevel_dynamic_embedding_tables"  # [{scope name: DynamicTable}]
 READING = "lowlevel_dynamic_embedding_reading"  # non-empty within `reading()`
+# The optimizers of the rows and their slots, (name, one float per column: else one per row).
+SLOTS = {"adagrad": (("accumulators", True),),
+         "adam": (("m", True), ("v", True), ("updates", False))}
 FIELD_BITS = 56  # `FieldTables`: field k's id x is the key (k << 56) | (x mod 2^56)
 # Buckets of `string_ids`: the largest int64 bucket count, so strings are not folded.
 STRING_BUCKETS = 2 ** 63 - 1
@@ -126,6 +130,54 @@ def initial_rows(ids, dim: int, stddev: float, seed: int):
     return (2.0 * unit - 1.0) * (math.sqrt(3.0) * stddev)
 
 
+class HashTable:
+    """A `MutableHashTable` int64 -> int64 (or int64 `[k]`) shared by name on its device.
+
+    TensorFlow's `tf.lookup.experimental.MutableHashTable` shares its resource by the
+    op's node name in graph mode, which two workers' graphs need not give it alike
+    (measured: each worker of a 1 ps + 2 worker run had its own table, every id
+    admitted twice); this one is created with `shared_name`, as variables are.
+
+    Args:
+      shared_name: the resource's name on its device (unique per table).
+      default: what `lookup` gives for a missing key: an int, or a list of k ints.
+    """
+
+    def __init__(self, shared_name: str, default):
+        self.default = tf.constant(default, tf.int64)
+        if self.default.shape.rank:
+            self.handle = tf.raw_ops.MutableHashTableOfTensorsV2(
+                key_dtype=tf.int64, value_dtype=tf.int64, value_shape=self.default.shape,
+                shared_name=shared_name, use_node_name_sharing=False)
+        else:
+            self.handle = tf.raw_ops.MutableHashTableV2(
+                key_dtype=tf.int64, value_dtype=tf.int64, shared_name=shared_name,
+                use_node_name_sharing=False)
+
+    def lookup(self, keys):
+        """int64 `[n]` -> int64 `[n]` (or `[n, k]`)."""
+        return tf.raw_ops.LookupTableFindV2(table_handle=self.handle, keys=keys,
+                                            default_value=self.default)
+
+    def insert(self, keys, values):
+        """Sets `keys` (int64 `[n]`) to `values`; returns the op."""
+        return tf.raw_ops.LookupTableInsertV2(table_handle=self.handle, keys=keys,
+                                              values=values)
+
+    def remove(self, keys):
+        """Removes `keys` (absent ones are ignored); returns the op."""
+        return tf.raw_ops.LookupTableRemoveV2(table_handle=self.handle, keys=keys)
+
+    def export(self):
+        """(keys, values) of every entry, in no particular order."""
+        return tf.raw_ops.LookupTableExportV2(table_handle=self.handle, Tkeys=tf.int64,
+                                              Tvalues=tf.int64)
+
+    def size(self):
+        """int64 scalar: the entries."""
+        return tf.raw_ops.LookupTableSizeV2(table_handle=self.handle)
+
+
 class DynamicShard:
     """One ps's part of a `DynamicTable` (the module docstring lists its state).
 
@@ -135,18 +187,23 @@ class DynamicShard:
     Args:
       name: variable scope name of the shard.
       dim: floats per row.
-      capacity: rows preallocated (rows x dim x 8 bytes: rows and accumulators).
+      capacity: rows preallocated (x dim x 4 bytes for the rows and each slot).
       admit_after: sightings that admit an id (>= 1).
       evict_after_steps: a row unseen for more than this many global steps is
         evicted at the next sweep; 0: never.
       sweep_every_steps: global steps between sweeps (>= 1).
       stddev, seed: of `initial_rows`.
-      learning_rate: Adagrad's; initial_accumulator: a new row's accumulator.
+      learning_rate: the optimizer's; initial_accumulator: a new row's Adagrad
+        accumulator; optimizer: "adagrad" or "adam" (`SLOTS`).
     """
 
     def __init__(self, name: str, dim: int, capacity: int, admit_after: int = 1,
                  evict_after_steps: int = 0, sweep_every_steps: int = 1, stddev: float = 0.1,
-                 seed: int = 0, learning_rate: float = 0.1, initial_accumulator: float = 0.1):
+                 seed: int = 0, learning_rate: float = 0.1, initial_accumulator: float = 0.1,
+                 optimizer: str = "adagrad"):
+        if optimizer not in SLOTS:
+            raise ValueError(f"dynamic table {name}: optimizer {optimizer!r}; expected one of "
+                             f"{', '.join(SLOTS)}")
         if admit_after < 1 or capacity < 1 or sweep_every_steps < 1 or evict_after_steps < 0:
             raise ValueError(f"dynamic table {name}: admit_after, capacity and "
                              "sweep_every_steps must be >= 1, evict_after_steps >= 0")
@@ -154,6 +211,7 @@ class DynamicShard:
         self.admit_after, self.evict_after_steps = admit_after, evict_after_steps
         self.sweep_every_steps, self.stddev, self.seed = sweep_every_steps, stddev, seed
         self.learning_rate, self.initial_accumulator = learning_rate, initial_accumulator
+        self.optimizer = optimizer
         with v1.variable_scope(name):
             self.scope = v1.get_variable_scope().name
             self._make_state()
@@ -170,7 +228,9 @@ class DynamicShard:
     def _make_state(self):
         cap, dim = self.capacity, self.dim
         self.rows = self._variable("rows", [cap, dim], tf.float32, 0.0)
-        self.accumulators = self._variable("accumulators", [cap, dim], tf.float32, 0.0)
+        self.slots = {name: self._variable(name, [cap, *([dim] if wide else [])], tf.float32,
+                                           0.0)
+                      for name, wide in SLOTS[self.optimizer]}
         self.keys = self._variable("keys", [cap], tf.int64, 0)
         self.counts = self._variable("counts", [cap], tf.int64, 0)
         self.last_seen = self._variable("last_seen", [cap], tf.int64, -1)
@@ -178,15 +238,15 @@ class DynamicShard:
         self.last_sweep = self._variable("last_sweep", [], tf.int64, 0)
         self.refused = self._variable("refused", [], tf.int64, 0)
         # checkpoint=False: the shard's snapshot (`ShardSaveable`) saves them, not the tables.
-        self.index = tf.lookup.experimental.MutableHashTable(
-            tf.int64, tf.int64, -1, name=f"{self.scope}/index", checkpoint=False)
-        self.pending = tf.lookup.experimental.MutableHashTable(
-            tf.int64, tf.int64, [0, -1], name=f"{self.scope}/pending", checkpoint=False)
+        # Named resources: every worker's graph reaches the same tables on the ps.
+        self.index = HashTable(f"{self.scope}/index", -1)
+        self.pending = HashTable(f"{self.scope}/pending", [0, -1])
         self.lock = tf.CriticalSection(name="lock", shared_name=f"{self.scope}/lock")
 
     def _locked(self, fn, *args):
-        """fn(*args) as one execution of the shard's critical section, on its ps."""
-        with tf.device(self.device):
+        """fn(*args) as one execution of the shard's critical section, on its ps (not where
+        a gradient would colocate it: with the forward op, on the worker)."""
+        with v1.colocate_with(None, ignore_existing=True), tf.device(self.device):
             body = tf.function(fn, autograph=False)
             return self.lock.execute(lambda: body(*args))
 
@@ -247,11 +307,13 @@ class DynamicShard:
         self.index.insert(admitted_ids, slots)
 
     def _fill(self, slots, ids, counts):
-        """Writes new rows `slots` for `ids`: initial row, accumulator, key, prior count."""
+        """Writes new rows `slots` for `ids`: initial row, optimizer slots, key, prior count."""
         self.rows.scatter_update(tf.IndexedSlices(
             initial_rows(ids, self.dim, self.stddev, self.seed), slots))
-        self.accumulators.scatter_update(tf.IndexedSlices(
-            tf.fill([tf.size(slots), self.dim], self.initial_accumulator), slots))
+        for name, var in self.slots.items():
+            value = self.initial_accumulator if name == "accumulators" else 0.0
+            var.scatter_update(tf.IndexedSlices(
+                tf.fill(tf.concat([tf.shape(slots), var.shape[1:]], 0), value), slots))
         self.keys.scatter_update(tf.IndexedSlices(ids, slots))
         self.counts.scatter_update(tf.IndexedSlices(counts, slots))
 
@@ -260,7 +322,8 @@ class DynamicShard:
         last = self.last_seen.read_value()
         stale = tf.where(tf.logical_and(last >= 0, step - last > self.evict_after_steps))[:, 0]
         self.index.remove(tf.gather(self.keys, stale))
-        self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale))
+        self.last_seen.scatter_update(
+            tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale))
         pending_ids, pending_values = self._pending_entries()
         old = step - pending_values[:, 1] > self.evict_after_steps
         self.pending.remove(tf.boolean_mask(pending_ids, old))
@@ -274,9 +337,14 @@ class DynamicShard:
 
     # -- update -----------------------------------------------------------------
     def apply_gradients(self, ids, grads):
-        """Adagrad on the rows of distinct int64 `ids` `[U]` with float32 `grads` `[U, dim]`.
+        """The optimizer's update of the rows of distinct int64 `ids` `[U]`, float32 `grads`
+        `[U, dim]`. Only ids holding a row when the update runs are updated. Returns the op.
 
-        Only ids holding a row when the update runs are updated. Returns the op.
+        adagrad: `acc += g^2; row -= lr g / sqrt(acc)`. adam (lazy, per row: t counts
+        the row's own updates since its admission): `m = b1 m + (1 - b1) g;
+        v = b2 v + (1 - b2) g^2; row -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)`
+        with b1 = 0.9, b2 = 0.999, eps = 1e-8 (`optimizers.LazyAdamOptimizer`'s, whose
+        t is the global count of updates instead).
         """
         return self._locked(self._apply_body, ids, grads)
 
@@ -284,10 +352,25 @@ class DynamicShard:
         row = self.index.lookup(ids)
         known = row >= 0
         row, g = tf.boolean_mask(row, known), tf.boolean_mask(grads, known)
-        acc = tf.gather(self.accumulators, row) + tf.square(g)
-        self.accumulators.scatter_update(tf.IndexedSlices(acc, row))
-        self.rows.scatter_sub(tf.IndexedSlices(self.learning_rate * g * tf.math.rsqrt(acc), row))
+        step = (self._adagrad if self.optimizer == "adagrad" else self._adam)(row, g)
+        self.rows.scatter_sub(tf.IndexedSlices(step, row))
         return tf.size(row)
+
+    def _adagrad(self, row, g):
+        acc = tf.gather(self.slots["accumulators"], row) + tf.square(g)
+        self.slots["accumulators"].scatter_update(tf.IndexedSlices(acc, row))
+        return self.learning_rate * g * tf.math.rsqrt(acc)
+
+    def _adam(self, row, g, beta1=0.9, beta2=0.999, epsilon=1e-8):
+        m_var, v_var, t_var = (self.slots[k] for k in ("m", "v", "updates"))
+        m = beta1 * tf.gather(m_var, row) + (1 - beta1) * g
+        v = beta2 * tf.gather(v_var, row) + (1 - beta2) * tf.square(g)
+        t = tf.gather(t_var, row) + 1.0
+        m_var.scatter_update(tf.IndexedSlices(m, row))
+        v_var.scatter_update(tf.IndexedSlices(v, row))
+        t_var.scatter_update(tf.IndexedSlices(t, row))
+        rate = self.learning_rate * tf.sqrt(1 - tf.pow(beta2, t)) / (1 - tf.pow(beta1, t))
+        return rate[:, None] * m / (tf.sqrt(v) + epsilon)
 
     # -- snapshot ---------------------------------------------------------------
     def size(self):
@@ -295,23 +378,26 @@ class DynamicShard:
         with tf.device(self.device):
             return self.index.size()
 
+    def parts(self) -> tuple:
+        """The names of `export`'s parts, in order."""
+        return ("keys", "rows", *self.slots, "counts", "last_seen", "pending_keys",
+                "pending_values")
+
     def export(self):
         """One snapshot of the shard, taken under its lock: a dict of tensors.
 
-        keys int64 `[n]`, rows and accumulators float32 `[n, dim]`, counts and
-        last_seen int64 `[n]` (the n live rows, in row order), pending_keys
+        keys int64 `[n]`, rows float32 `[n, dim]`, the optimizer's slots (adagrad:
+        accumulators `[n, dim]`; adam: m and v `[n, dim]`, updates `[n]`), counts
+        and last_seen int64 `[n]` (the n live rows, in row order), pending_keys
         int64 `[p]` and pending_values int64 `[p, 2]` (sightings, last step).
         """
-        names = ("keys", "rows", "accumulators", "counts", "last_seen", "pending_keys",
-                 "pending_values")
-        return dict(zip(names, self._locked(self._export_body)))
+        return dict(zip(self.parts(), self._locked(self._export_body)))
 
     def _export_body(self):
         live = tf.where(self.last_seen >= 0)[:, 0]
         pending_keys, pending_values = self._pending_entries()
-        return (tf.gather(self.keys, live), tf.gather(self.rows, live),
-                tf.gather(self.accumulators, live), tf.gather(self.counts, live),
-                tf.gather(self.last_seen, live), pending_keys, pending_values)
+        per_row = [self.keys, self.rows, *self.slots.values(), self.counts, self.last_seen]
+        return (*(tf.gather(v, live) for v in per_row), pending_keys, pending_values)
 
     def restore(self, snapshot: dict):
         """Replaces the shard's state by `snapshot` (as `export` gives), under its lock.
@@ -319,12 +405,10 @@ class DynamicShard:
         The n rows go to rows 0..n-1. Returns the op. Raises (when run)
         InvalidArgumentError if n exceeds the capacity.
         """
-        return self._locked(self._restore_body, *(snapshot[k] for k in (
-            "keys", "rows", "accumulators", "counts", "last_seen", "pending_keys",
-            "pending_values")))
+        return self._locked(self._restore_body, *(snapshot[k] for k in self.parts()))
 
-    def _restore_body(self, keys, rows, accumulators, counts, last_seen, pending_keys,
-                      pending_values):
+    def _restore_body(self, keys, *values):
+        *per_row, pending_keys, pending_values = values
         n = tf.size(keys, tf.int64)
         tf.debugging.assert_less_equal(n, tf.constant(self.capacity, tf.int64),
                                        message=f"{self.scope}: snapshot over capacity")
@@ -334,9 +418,9 @@ class DynamicShard:
         self.pending.remove(old_pending)
         slots = tf.range(n)
         self.last_seen.assign(tf.fill([self.capacity], tf.constant(-1, tf.int64)))
-        for var, value in ((self.rows, rows), (self.accumulators, accumulators),
-                           (self.keys, keys), (self.counts, counts),
-                           (self.last_seen, last_seen)):
+        targets = [self.rows, *self.slots.values(), self.counts, self.last_seen]
+        self.keys.scatter_update(tf.IndexedSlices(keys, slots))
+        for var, value in zip(targets, per_row):
             var.scatter_update(tf.IndexedSlices(value, slots))
         self.index.insert(keys, slots)
         self.pending.insert(pending_keys, pending_values)
@@ -372,9 +456,9 @@ class DynamicTable:
       devices: one device per shard (a ps task's CPU), e.g.
         `["/job:ps/task:0", "/job:ps/task:1"]`; [None] in one process.
       capacity: rows per shard.
-      learning_rate: the rows' Adagrad learning rate.
+      learning_rate: the rows' learning rate.
       **options: `DynamicShard`'s (admit_after, evict_after_steps, sweep_every_steps,
-        stddev, seed, initial_accumulator).
+        stddev, seed, initial_accumulator, optimizer).
     """
 
     def __init__(self, name: str, dim: int, devices, capacity: int, learning_rate: float,
@@ -492,7 +576,8 @@ class Options:
       capacity: rows per shard of each table.
       admit_after, evict_after_steps: as `DynamicShard`'s; sweeps every
         max(1, evict_after_steps // 10) steps.
-      learning_rate: the rows' Adagrad learning rate.
+      learning_rate, optimizer: the rows' optimizer ("adagrad" or "adam", `SLOTS`) and
+        its learning rate.
     """
 
     ps_tasks: int
@@ -500,6 +585,7 @@ class Options:
     admit_after: int = 1
     evict_after_steps: int = 0
     learning_rate: float = 0.1
+    optimizer: str = "adagrad"
 
     def devices(self) -> list:
         """One device per shard."""
@@ -512,7 +598,8 @@ class Options:
         return DynamicTable.get(
             name, dim, self.devices(), self.capacity, self.learning_rate,
             admit_after=self.admit_after, evict_after_steps=self.evict_after_steps,
-            sweep_every_steps=max(1, self.evict_after_steps // 10), stddev=stddev, seed=seed)
+            sweep_every_steps=max(1, self.evict_after_steps // 10), stddev=stddev, seed=seed,
+            optimizer=self.optimizer)
 
 
 class FieldTables:
@@ -548,3 +635,8 @@ class FieldTables:
         step = v1.train.get_global_step()
         step = tf.constant(0, tf.int64) if step is None else tf.convert_to_tensor(step)
         return self.table.lookup(self.keys(ids), step)
+
+
+def live_rows() -> dict:
+    """{shard scope: int64 scalar tensor, its live rows} of the default graph's dynamic tables."""
+    return {s.scope: s.size() for s in v1.get_collection(SHARDS)}

@@ -39,6 +39,8 @@ class EvalOps:
     # Binary models (one logit per example): float32 `[b]` probabilities and int64 `[b]` labels.
     probabilities: object = None
     labels: object = None
+    # Dynamic embedding tables: {shard scope: int64 scalar, its live rows} (empty without).
+    live_rows: dict = dataclasses.field(default_factory=dict)
 
 
 def build(data, split, model_fn) -> EvalOps:
@@ -62,7 +64,8 @@ def build(data, split, model_fn) -> EvalOps:
             correct = tf.equal(tf.argmax(logits, axis=1), labels)
             binary = (None, None)
         return EvalOps(initializer, feed, tf.reduce_sum(losses),
-                       tf.reduce_sum(tf.cast(correct, tf.int64)), tf.shape(labels)[0], *binary)
+                       tf.reduce_sum(tf.cast(correct, tf.int64)), tf.shape(labels)[0], *binary,
+                       dynamic_embeddings.live_rows())
 
 
 def evaluate(sess, ops: EvalOps) -> dict:
@@ -71,7 +74,8 @@ def evaluate(sess, ops: EvalOps) -> dict:
     For a binary model also "auc" (area under the ROC curve, exact, from every
     example's probability; scikit-learn's `roc_auc_score`) and "log_loss"
     (mean binary cross-entropy of the float32 probabilities, clipped to
-    [1e-7, 1 - 1e-7], nats; "loss" is the same from the logits, unclipped).
+    [1e-7, 1 - 1e-7], nats; "loss" is the same from the logits, unclipped). With
+    dynamic embedding tables, "dynamic_rows": {shard scope: live rows} after the pass.
     """
     sess.run(ops.initializer, ops.feed)
     total_loss, correct, n = 0.0, 0, 0
@@ -90,6 +94,8 @@ def evaluate(sess, ops: EvalOps) -> dict:
             scores.append(rest[0])
             truth.append(rest[1])
     result = {"loss": total_loss / max(n, 1), "accuracy": correct / max(n, 1), "num_examples": n}
+    if ops.live_rows:
+        result["dynamic_rows"] = {k: int(v) for k, v in sess.run(ops.live_rows).items()}
     if binary and n:
         result.update(_binary_metrics(np.concatenate(truth), np.concatenate(scores)))
     return result
@@ -267,7 +273,8 @@ def _eval_graph(config: TrainConfig, data, split):
     with graph.as_default():
         global_step = v1.train.get_or_create_global_step()
         ops = build(data, split, models.for_config(config, data))
-        variables = graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)
+        # the checkpoint's names (dynamic embedding shards: their snapshots)
+        variables = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
         saver = v1.train.Saver(variables)
         graph.finalize()
     return graph, global_step, ops, variables, saver
