@@ -221,13 +221,16 @@ class DynamicShard:
         v1.add_to_collection(SHARDS, self)
 
     def _variable(self, name, shape, dtype, value):
-        return v1.get_variable(
+        var = v1.get_variable(
             name, shape, dtype, v1.constant_initializer(value), trainable=False,
             use_resource=True,
             collections=[v1.GraphKeys.GLOBAL_VARIABLES, DYNAMIC_STATE, embeddings.TABLES])
+        self._initial.append((var, value))
+        return var
 
     def _make_state(self):
         cap, dim = self.capacity, self.dim
+        self._initial = []  # (variable, initial value): a restore starts from them
         self.rows = self._variable("rows", [cap, dim], tf.float32, 0.0)
         self.slots = {name: self._variable(name, [cap, *([dim] if wide else [])], tf.float32,
                                            0.0)
@@ -418,7 +421,8 @@ class DynamicShard:
         old_pending, _ = self._pending_entries()
         self.pending.remove(old_pending)
         slots = tf.range(n)
-        self.last_seen.assign(tf.fill([self.capacity], tf.constant(-1, tf.int64)))
+        for var, value in self._initial:  # a restore replaces the initialisation
+            var.assign(tf.fill(var.shape, tf.constant(value, var.dtype)))
         targets = [self.rows, *self.slots.values(), self.counts, self.last_seen]
         self.keys.scatter_update(tf.IndexedSlices(keys, slots))
         for var, value in zip(targets, per_row):
