@@ -1,6 +1,6 @@
 """Dynamic embedding tables: raw 64-bit ids, rows created on admission, evicted when stale.
 
-`--embedding=dynamic` (issue 27, part 4), built on TensorFlow's stock ops only:
+`--embedding=dynamic`, built on TensorFlow's stock ops only:
 `MutableHashTable`, resource variables with gather and scatter, and a
 `CriticalSection` (a `MutexV2` on the ps) per shard.
 
@@ -44,7 +44,7 @@ stream):
 - **Consistency**: lookup, update, checkpoint export and restore of a shard
   each run as one `CriticalSection` execution on its ps, so none interleaves
   with another: a checkpoint's keys, rows, accumulators, counts and last-seen
-  steps are one snapshot of the shard (DeepRec's issue #1023 is rows and slots
+  steps are one snapshot of the shard (DeepRec #1023 is rows and slots
   saved at different moments). `DynamicShard.saveable` is that snapshot, one
   `SaveableObject` per shard; the shard's variables are left out of the
   variable savers (`DYNAMIC_STATE`).
@@ -296,12 +296,14 @@ class DynamicShard:
         new_ids, new_sightings = tf.boolean_mask(ids, new), tf.boolean_mask(sightings, new)
         total = self.pending.lookup(new_ids)[:, 0] + new_sightings
         ready = total >= self.admit_after
-        free = tf.where(self.last_seen < 0)[:, 0]
-        taken = tf.minimum(tf.size(free, tf.int64), tf.reduce_sum(tf.cast(ready, tf.int64)))
+        wanted = tf.reduce_sum(tf.cast(ready, tf.int64))
+        free = tf.cond(wanted > 0, lambda: tf.where(self.last_seen < 0)[:, 0],  # O(capacity)
+                       lambda: tf.zeros([0], tf.int64))  # most steps: no scan
+        taken = tf.minimum(tf.size(free, tf.int64), wanted)
         order = tf.cumsum(tf.cast(ready, tf.int64))  # 1-based rank among the ready ids
         admitted = tf.logical_and(ready, order <= taken)
         admitted_ids, slots = tf.boolean_mask(new_ids, admitted), free[:taken]
-        self.refused.assign_add(tf.reduce_sum(tf.cast(ready, tf.int64)) - taken)
+        self.refused.assign_add(wanted - taken)
         waiting = tf.logical_not(admitted)
         waiting_ids = tf.boolean_mask(new_ids, waiting)
         self.pending.insert(waiting_ids, tf.stack(
