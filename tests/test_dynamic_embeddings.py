@@ -372,3 +372,35 @@ def test_dynamic_movielens_with_raw_ids_reaches_auc_078(tmp_path):
     fields = train.categorical.shape[1]
     assert metrics["dynamic_rows"] == {"model/deep/embeddings/shard0": sum(distinct[:fields]),
                                        "model/wide/weights/shard0": sum(distinct)}, metrics
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(400)
+def test_a_killed_ps_comes_back_with_its_shards_from_the_checkpoint(tmp_path):
+    """SIGKILL of the only ps at global step 1200 (checkpoints every 500): the launcher
+    restarts it, the chief restores the newest checkpoint into the fresh ps (the shards'
+    snapshots: hash tables and rows), and the run ends at step 3000."""
+    import signal
+
+    from test_recovery import FAULT_AT, TRAIN_STEPS, Launch  # its cluster harness
+    out = tmp_path / "run"
+    launch = Launch(out, "--model=wide_deep", "--dataset=synthetic_ctr", "--vocab_size=20000",
+                    "--embedding=dynamic", "--admit_after=2", "--dynamic_capacity=20000",
+                    "--hidden_units=16")
+    try:
+        launch.wait_for_step(FAULT_AT, 200)
+        fault_time = time.time()
+        launch.task("ps0").send_signal(signal.SIGKILL)
+        code = launch.finish(300)
+    finally:
+        launch.kill()
+    assert code == 0, launch.text()[-5000:]
+    recovered = launch.events("recovered", "worker0", since=fault_time)
+    assert recovered and recovered[0]["origin"] == "restored", launch.events(
+        task="worker0", since=fault_time)
+    metrics = final_metrics(out)
+    assert metrics["global_step"] == TRAIN_STEPS and metrics["auc"] > 0.6, metrics
+    for scope, part in _checkpoint_shards(out).items():
+        keys = part["keys"]
+        assert keys.size == len(set(keys.tolist())) > 0, scope  # one row per id
+        assert (part["counts"] >= 2).all(), scope
