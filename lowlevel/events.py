@@ -28,7 +28,8 @@ and, per event (fields after the colon):
   not ready within `--start_wait_secs`: they join late).
 - `progress`: every `--log_every_secs`, from a step: `loss` (float, the
   batch's), `examples_per_sec` and `steps_per_sec` (floats, all workers,
-  since the previous one), `train_steps` (int).
+  since the previous one), `train_steps` (int); with dynamic embedding tables
+  also `dynamic_rows` ({shard scope: live rows}).
 - `checkpoint_saved`: the chief saved a checkpoint: `path` (file name,
   "model.ckpt-<step>"), `emergency` (bool: saved from the signal thread).
 - `checkpoint_failed`: a checkpoint save failed (a full or read-only

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from clusters import ROOT, final_metrics
+from clusters import ROOT, final_metrics, task_events
 from lowlevel.data import ctr as ctr_data
 from lowlevel.models import dynamic_embeddings as de
 
@@ -331,11 +331,15 @@ def test_dynamic_synthetic_ctr_on_a_cluster_admits_evicts_checkpoints_and_resume
     common = ["--model=wide_deep", "--dataset=synthetic_ctr", "--vocab_size=200000",
               "--embedding=dynamic", "--admit_after=2", "--evict_after_steps=100",
               "--dynamic_capacity=60000", "--save_checkpoint_steps=100", "--hidden_units=32"]
-    first = _launch(out, *common, "--train_steps=200", timeout=400)
+    first = _launch(out, *common, "--train_steps=200", "--log_every_secs=0.25", timeout=400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     metrics = final_metrics(out)
     rows = metrics["dynamic_rows"]
     assert set(rows) == {"model/wide/weights/shard0", "model/deep/embeddings/shard0"}, rows
+    progress = [r["dynamic_rows"] for r in task_events(out, "worker0", "progress")]
+    assert progress and set(progress[-1]) == set(rows), progress[-1:]
+    deep = [p["model/deep/embeddings/shard0"] for p in progress]
+    assert deep[-1] > deep[0], deep  # rows admitted as the run goes
     assert 1000 < rows["model/deep/embeddings/shard0"] <= 60000, rows
     shards = _checkpoint_shards(out)
     for scope, part in shards.items():

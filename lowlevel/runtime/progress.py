@@ -10,6 +10,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
+from lowlevel.models import dynamic_embeddings
 from lowlevel.runtime.hooks import LoopState
 
 v1 = tf.compat.v1
@@ -20,7 +21,8 @@ class ProgressHook(v1.train.SessionRunHook):
 
     A line reads `step 1200/3000 | loss 0.1234 | 12,345 examples/s | 95.1 steps/s`
     (rates over all workers since the previous line), for humans; the same
-    figures go to the task's `progress` event (`lowlevel.events`), for tools.
+    figures go to the task's `progress` event (`lowlevel.events`), for tools, with
+    the live rows of each dynamic embedding shard (`dynamic_rows`) if there are any.
     The training loop times every step (`record`), for `task_record`; a
     line is due (`due`) at the first step and then every `every_secs`, and is
     written from a step run through the hooks.
@@ -57,6 +59,8 @@ class ProgressHook(v1.train.SessionRunHook):
         self.first_step_unix = self.last_step_unix = self._window_start = None
         self.local_steps = 0
         self.step_secs: list[float] = []
+        # {shard scope: live rows} of the graph's dynamic embedding tables, for the events
+        self._live_rows = dynamic_embeddings.live_rows()
 
     def after_create_session(self, session, coord):
         step = int(session.run(self._global_step))
@@ -88,7 +92,10 @@ class ProgressHook(v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         if self._state.in_step and self.due():
-            return v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
+            fetches = {"step": self._global_step, "loss": self._loss}
+            if self._live_rows:
+                fetches["rows"] = self._live_rows
+            return v1.train.SessionRunArgs(fetches)
         return None
 
     def after_run(self, run_context, run_values):
@@ -104,8 +111,10 @@ class ProgressHook(v1.train.SessionRunHook):
         rate = f"{examples_per_sec:,.0f} examples/s | " if self._examples_per_step else ""
         logging.info("step %d/%d | loss %.4f | %s%.1f steps/s", step, self._train_steps, loss,
                      rate, steps_per_sec)
+        rows = {k: int(v) for k, v in run_values.results.get("rows", {}).items()}
         events.emit("progress", step, loss=loss, examples_per_sec=round(examples_per_sec, 1),
-                    steps_per_sec=round(steps_per_sec, 2), train_steps=self._train_steps)
+                    steps_per_sec=round(steps_per_sec, 2), train_steps=self._train_steps,
+                    **({"dynamic_rows": rows} if rows else {}))
         if self._summary_dir and step > self._last_step:
             writer = v1.summary.FileWriterCache.get(self._summary_dir)
             writer.add_summary(v1.Summary(value=[v1.Summary.Value(
