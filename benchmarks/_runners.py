@@ -37,7 +37,7 @@ from typing import Optional
 import portpicker
 import psutil
 
-from benchmarks import _reference
+from benchmarks import _memory, _reference
 from benchmarks._measure import Watcher, kill_tree
 from lowlevel import events, output_layout
 from lowlevel.ops import lifetime
@@ -76,8 +76,9 @@ class Procs:
 
     def start(self, name: str, argv: list, role: str = "other", ports=()) -> subprocess.Popen:
         with open(self.log_path(name), "w") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    env=self.env, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(_memory.join_argv(argv), stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=ROOT, env=self.env,
+                                    stdin=subprocess.DEVNULL)
         self.popen[name] = proc
         self.watcher.add(name, proc.pid, role, ports)
         return proc
@@ -256,6 +257,7 @@ def run_lowlevel(num_ps: int, num_workers: int, flags: list, workdir: str, timeo
     run.update(ok=True, shutdown_secs=_shutdown(watcher, tasks), shutdown_note=None,
                startup_import_secs=imported_secs(out, launched),
                accuracy=metrics.get("accuracy"), loss=metrics.get("loss"),
+               auc=metrics.get("auc"), dynamic_rows=metrics.get("dynamic_rows"),
                global_step=metrics.get("global_step"), tasks=tasks,
                wall_secs=round(time.time() - launched, 1))
     return run

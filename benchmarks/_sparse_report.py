@@ -11,7 +11,7 @@ import statistics
 
 from benchmarks import _report
 
-TRAINERS = ("lowlevel", "classic", "tf2_pss")
+TRAINERS = ("lowlevel", "lowlevel_dynamic", "classic", "tf2_pss")
 # target -> (op, bound): the issue's targets, ratios within one run
 TARGETS = {
     "sparse_bytes_over_limit": ("<=", 1.2),
@@ -67,8 +67,21 @@ def aggregate(runs: list) -> list:
                 "examples_per_sec", "step_ms_p50", "step_ms_p90", "bytes_per_step",
                 "imbalance", "startup_secs")},
             "bytes_by_ps": by_ps, "peak_rss_mb": rss, "ps_state_bytes": state,
-            "ps_rss_over_state": rss_over_state(rss, state)})
+            "ps_rss_over_state": rss_over_state(rss, state),
+            "auc": _median([r.get("auc") for r in ok]),
+            "dynamic_rows": next((r["dynamic_rows"] for r in ok if r.get("dynamic_rows")), None),
+            "memory": _memory(group)})
     return records
+
+
+def _memory(group: list) -> dict:
+    """The runs' memory cgroup: its limit, the highest peak, the kills (bytes; None: no limit)."""
+    boxes = [r.get("memory") or {} for r in group]
+    peaks = [b.get("peak_bytes") for b in boxes if b.get("peak_bytes")]
+    return {"limit_bytes": next((b.get("limit_bytes") for b in boxes if b.get("limit_bytes")),
+                                None),
+            "peak_bytes": max(peaks) if peaks else None,
+            "oom_kills": sum(b.get("oom_kills") or 0 for b in boxes)}
 
 
 def ratios(runs: list, lim: dict) -> dict:
@@ -82,9 +95,9 @@ def ratios(runs: list, lim: dict) -> dict:
                 vals.append(v)
         return round(_median(vals), 3) if vals else None
 
-    def over(other):
-        return lambda by: (by["lowlevel"]["examples_per_sec"] / by[other]["examples_per_sec"]
-                           if "lowlevel" in by and other in by and
+    def over(other, mine="lowlevel"):
+        return lambda by: (by[mine]["examples_per_sec"] / by[other]["examples_per_sec"]
+                           if mine in by and other in by and
                            by[other].get("examples_per_sec") else None)
     return {
         "sparse_bytes_over_limit": per_round(
@@ -93,6 +106,8 @@ def ratios(runs: list, lim: dict) -> dict:
         "sparse_lowlevel_over_classic": per_round(over("classic")),
         "sparse_lowlevel_over_tf2_pss": per_round(over("tf2_pss")),
         "sparse_ps_byte_imbalance": per_round(lambda by: by.get("lowlevel", {}).get("imbalance")),
+        # no target: what raw ids and hash tables cost against the static table
+        "sparse_dynamic_over_static": per_round(over("lowlevel", "lowlevel_dynamic")),
         "sparse_ps_rss_over_budget": per_round(lambda by: rss_over_budget(
             by.get("lowlevel", {}).get("peak_rss_mb"), by.get("lowlevel", {}).get("ps_state_bytes"))),
     }
@@ -105,6 +120,24 @@ def targets(ratio: dict) -> dict:
 
 def _f(v, fmt):
     return "-" if v is None else format(v, fmt)
+
+
+def _gib(n) -> str:
+    return "-" if not n else f"{n / 2**30:.1f} GiB"
+
+
+def _memory_table(records: list) -> list:
+    """Lines of the memory limits' table: limit, cgroup peak, fit, live rows, test AUC."""
+    lines = ["| trainer | run's memory limit | its peak (page cache incl.) | fit | "
+             "dynamic live rows | test AUC |", "|---|---|---|---|---|---|"]
+    for r in records:
+        m, rows = r.get("memory") or {}, r.get("dynamic_rows") or {}
+        fit = "no: out of memory" if m.get("oom_kills") else ("yes" if r["ok"] else "-")
+        live = f"{sum(rows.values()):,} ({len(rows)} shards)" if rows else "-"
+        lines.append(f"| {r['trainer']} | {_gib(m.get('limit_bytes'))} | "
+                     f"{_gib(m.get('peak_bytes'))} | {fit} | {live} | "
+                     f"{_f(r.get('auc'), '.3f')} |")
+    return lines
 
 
 def markdown(sparse: dict) -> str:
@@ -141,5 +174,8 @@ def markdown(sparse: dict) -> str:
             f"{', '.join(f'{k} {v / 2**20:,.0f}' for k, v in sorted(state.items())) or '-'} | "
             f"{_f(r.get('ps_rss_over_state'), '.2f')} | "
             f"{_f(r['startup_secs'], '.1f')} |")
-    lines += ["", _report.targets_table(sparse["targets"])]
+    lines += ["", *_memory_table(sparse["records"]), "",
+              f"sparse_dynamic_over_static (examples/s, no target): "
+              f"{_f(sparse.get('ratios', {}).get('sparse_dynamic_over_static'), '.3f')}", "",
+              _report.targets_table(sparse["targets"])]
     return "\n".join(lines) + "\n"

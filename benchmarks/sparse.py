@@ -7,7 +7,9 @@ of Adagrad accumulators), 2 ps + 2 workers, async Adagrad 0.1, batch 256, side b
 
   lowlevel   `python -m lowlevel.launch --model=wide_deep --dataset=synthetic_ctr ...`
              (the fields share one table per part, split by rows into one shard per ps;
-             ids deduplicated on the worker)
+             ids deduplicated on the worker; rows initialised lazily)
+  lowlevel_dynamic  the same with `--embedding=dynamic`: raw ids in hash tables on the ps
+             (`--sparse_dynamic_capacity` rows per shard), live rows reported
   classic    `benchmarks/classic_sparse.py`: the textbook TF1 trainer, `embedding_lookup`
              on `fixed_size_partitioner(2)` tables, round-robin placement, no deduplication
   tf2_pss    `benchmarks/tf2_pss_sparse.py`: TF2 ParameterServerStrategy with
@@ -22,6 +24,11 @@ TCP counters: `_measure.Watcher`); the limit beside it (`limit`); ps byte imbala
 (bytes each ps moved in the measured windows, max / mean); peak RSS per task (VmHWM, MiB);
 each lowlevel ps's state (the bytes of the variables on it, from the chief's graph), its
 RSS over state, and the target peak RSS <= 0.5 GiB + 1.25 x state (`sparse_ps_rss_over_budget`).
+
+Every run goes under a memory limit of its own (`--sparse_memory_limit`, default 85 % of
+the machine's memory: `_memory.limited`, a cgroup all the run's processes share): at
+100 M rows a trainer that does not fit is killed within its cgroup and reported as "did
+not fit in <limit>: out of memory, peak <cgroup peak>", and the suite goes on.
 
 The limit (`limit`): what a step must move at least, from the unique ids of batches drawn
 as the trainers draw them from the same training split: every unique row touched, each
@@ -43,9 +50,10 @@ from typing import Optional
 
 import numpy as np
 
-from benchmarks import _runners
+from benchmarks import _memory, _runners
 from benchmarks._sparse_report import TARGETS, TRAINERS, aggregate, markdown, ratios, rss_over_budget, rss_over_state, targets  # noqa: F401 (the suite's report, re-exported)
 from lowlevel.data import ctr as ctr_data
+from lowlevel.ops import resources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +70,10 @@ class Settings:
     num_workers: int = 2
     repeats: int = 1
     timeout_secs: float = 420.0
+    # every run (all its processes) in a memory cgroup of this many bytes (`_memory`);
+    # None: 85 % of the machine's memory; 0: no limit
+    memory_limit_bytes: Optional[int] = None
+    dynamic_capacity: int = 1_000_000  # lowlevel_dynamic: rows per ps shard of each table
 
 
 QUICK = dict(vocab_size=1_000_000, warmup_steps=10, steps=80, timeout_secs=150.0)
@@ -165,14 +177,29 @@ def ps_state_bytes(graph_pbtxt: str) -> dict:
 
 
 def run_one(trainer: str, s: Settings, workdir: str) -> dict:
-    """One trainer's run: `_runners`' run dict plus `imbalance` (and, for lowlevel,
-    `ps_state_bytes`: `ps_state_bytes` of the chief's graph)."""
+    """One trainer's run under the suite's memory limit: `_runners`' run dict plus
+    `imbalance`, `memory` (`_memory.Box` as a dict) and, for lowlevel, `ps_state_bytes`
+    (`ps_state_bytes` of the chief's graph). A run the limit killed fails with "did not
+    fit in ...: out of memory" and its peak."""
+    limit = (_memory.default_limit_bytes() if s.memory_limit_bytes is None
+             else s.memory_limit_bytes)
+    with _memory.limited(limit) as box:
+        run = _run_one(trainer, s, workdir)
+    run["memory"] = dataclasses.asdict(box)
+    if box.words():  # whatever else it saw (a timeout, a task's exit) followed from that
+        run.update(ok=False, timeout=False, error=f"{box.words()}\n{run.get('error') or ''}")
+    return run
+
+
+def _run_one(trainer: str, s: Settings, workdir: str) -> dict:
     hidden = ",".join(map(str, s.hidden_units))
     model = [f"--vocab_size={s.vocab_size}", f"--embedding_dim={s.embedding_dim}",
              f"--hash_buckets={s.hash_buckets}", f"--hidden_units={hidden}",
              f"--batch_size={s.batch_size}", f"--learning_rate={s.learning_rate}"]
     per_worker = s.warmup_steps + s.steps
-    if trainer == "lowlevel":
+    if trainer in ("lowlevel", "lowlevel_dynamic"):
+        if trainer == "lowlevel_dynamic":
+            model = model + ["--embedding=dynamic", f"--dynamic_capacity={s.dynamic_capacity}"]
         flags = model + ["--model=wide_deep", "--dataset=synthetic_ctr", "--optimizer=adagrad",
                          f"--warmup_steps={s.warmup_steps}", "--keep_exports=0",
                          f"--train_steps={per_worker * s.num_workers}",
@@ -251,9 +278,21 @@ def define_flags(flags) -> None:
     flags.DEFINE_integer("sparse_warmup_steps", None, f"Warm-up local steps per worker "
                          f"(default {d.warmup_steps}; quick: {QUICK['warmup_steps']}).")
     flags.DEFINE_integer("sparse_repeats", d.repeats, "Rounds of the three trainers.")
+    flags.DEFINE_string("sparse_memory_limit", None, "Memory limit of each run, all its "
+                        "processes together, as a Kubernetes quantity (20Gi); 0: none "
+                        "(default: 85% of the machine's memory).")
+    flags.DEFINE_integer("sparse_dynamic_capacity", d.dynamic_capacity,
+                         "lowlevel_dynamic: rows per ps shard of each dynamic table.")
     flags.DEFINE_float("sparse_timeout_secs", None, f"A run still going after this many "
                        f"seconds is stopped and reported as a timeout (default "
                        f"{d.timeout_secs:g}; quick: {QUICK['timeout_secs']:g}).")
+
+
+def _limit(text: Optional[str]) -> Optional[int]:
+    """--sparse_memory_limit in bytes: None (the default share), 0 (none) or the quantity."""
+    if text is None or text.strip().lower() in ("0", "none"):
+        return None if text is None else 0
+    return resources.memory_quantity(text)
 
 
 def settings_from_flags(values, quick: bool) -> Settings:
@@ -261,5 +300,7 @@ def settings_from_flags(values, quick: bool) -> Settings:
     base = dataclasses.replace(Settings(), **QUICK) if quick else Settings()
     given = {"vocab_size": values.sparse_vocab_size, "embedding_dim": values.sparse_embedding_dim,
              "steps": values.sparse_steps, "warmup_steps": values.sparse_warmup_steps,
-             "repeats": values.sparse_repeats, "timeout_secs": values.sparse_timeout_secs}
+             "repeats": values.sparse_repeats, "timeout_secs": values.sparse_timeout_secs,
+             "dynamic_capacity": values.sparse_dynamic_capacity,
+             "memory_limit_bytes": _limit(values.sparse_memory_limit)}
     return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})

@@ -189,6 +189,27 @@ def test_a_completed_run_ends_the_outage_whoever_began_it():
     outage.check()  # no outage: nothing to give up on
 
 
+def test_a_save_inside_a_run_extends_its_allowance_and_only_while_it_lasts():
+    """A checkpoint save within a step's run (100 M rows: 13.6 GB) may outlast the step's
+    deadline without the watchdog counting the run as overdue."""
+    clock = Clock()
+    outage = faults.Outage("worker0", [], 30.0, clock)
+    watch = faults.FaultWatch("worker0", [], 60.0, 30.0, clock, outage=outage)
+
+    def run(options):
+        clock.now += 5.0
+        with outage.extended(700.0):
+            clock.now += 600.0  # the save, 545 s past the step's deadline
+            assert outage.overdue_since(grace_secs=30.0) is None
+        assert outage.run_timeout_secs == 60.0  # back to the step's
+        assert outage.overdue_since(grace_secs=30.0) == 160.0  # started 100, deadline 60
+        return 1
+
+    assert watch.run(run) == 1
+    with outage.extended(10.0):  # between runs: nothing to extend
+        assert outage.run_timeout_secs is None
+
+
 def test_abandonable_returns_raises_and_abandons_a_call_that_does_not_return():
     assert faults.abandonable(lambda: 5, lambda: None) == 5
     with pytest.raises(KeyError):

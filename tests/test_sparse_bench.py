@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -153,7 +154,7 @@ def test_tiny_sparse_suite(tmp_path):
     assert sp["settings"]["vocab_size"] == 20000 and sp["settings"]["num_ps"] == 2
     assert 0 < sp["limit"]["sparse"] < sp["limit"]["total"]
     records = {r["trainer"]: r for r in sp["records"]}
-    assert set(records) == {"lowlevel", "classic", "tf2_pss"}
+    assert set(records) == {"lowlevel", "lowlevel_dynamic", "classic", "tf2_pss"}
     for name, rec in records.items():
         assert rec["ok"] == 1, (name, rec.get("error"))
         assert rec["examples_per_sec"] > 0
@@ -163,12 +164,47 @@ def test_tiny_sparse_suite(tmp_path):
         tasks = {"ps0", "ps1", "worker0", "worker1"} | ({"chief"} if name == "tf2_pss" else set())
         assert set(rec["peak_rss_mb"]) == tasks
         assert all(50 < mb < 8000 for mb in rec["peak_rss_mb"].values())
+        memory = rec["memory"]  # each run in a cgroup of its own, 85 % of the machine
+        assert memory["limit_bytes"] > 0 and memory["oom_kills"] == 0, (name, memory)
+        assert 0 < memory["peak_bytes"] <= memory["limit_bytes"], (name, memory)
+    rows = records["lowlevel_dynamic"]["dynamic_rows"]  # live rows per shard, from its metrics
+    assert len(rows) == 4 and all(n > 0 for n in rows.values()), rows
     assert set(records["lowlevel"]["ps_state_bytes"]) == {"ps0", "ps1"}
     assert all(b > 0 for b in records["lowlevel"]["ps_state_bytes"].values())
     assert result["targets"]["sparse_ps_rss_over_budget"]["value"] is not None
     assert set(sparse.TARGETS) <= set(result["targets"])
     assert not any(k.startswith("lowlevel_1ps1w") for k in result["targets"])  # dense: not run
+    assert sp["ratios"]["sparse_dynamic_over_static"] > 0
     md = (out / "results.md").read_text()
     assert "## Sparse" in md and "| lowlevel |" in md and "sparse_ps_byte_imbalance" in md
+    assert "| lowlevel_dynamic |" in md and "run's memory limit" in md
     left = clusters.alive(seen)
     assert not left, f"processes left running: {left}"
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_does_not_fit_is_killed_in_its_cgroup_and_said_so():
+    """`_memory.limited`: a child allocating past the run's limit is killed there (not
+    the suite), the box says so with the peak, and this process and cgroup are back."""
+    from benchmarks import _memory
+    from lowlevel.ops import memory_limits, resources
+    if resources.own_cgroup("memory") is None:
+        pytest.skip("no memory cgroup hierarchy here")
+    before = open("/proc/self/cgroup").read()
+    grow = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"
+    try:
+        with _memory.limited(200 << 20) as box:
+            argv = _memory.join_argv([sys.executable, "-c", grow])
+            proc = subprocess.run(argv, timeout=60, check=False)
+    except memory_limits.MemoryLimitError as e:
+        pytest.skip(str(e))
+    assert proc.returncode == -9  # SIGKILL: the kernel's, within the run's cgroup
+    assert box.oom_kills >= 1 and box.peak_bytes >= 150 << 20, box
+    assert box.words().startswith("did not fit in 200 MiB: out of memory"), box.words()
+    assert open("/proc/self/cgroup").read() == before  # this process never moved
+    assert _memory.join_argv(["x"]) == ["x"]  # outside a block: unchanged
+    assert box.cgroup.startswith(resources.own_cgroup("memory")[0])
+    assert not os.path.exists(box.cgroup)  # removed
+    with _memory.limited(0) as free:  # no limit: nothing made, nothing said
+        pass
+    assert free.words() == "" and free.limit_bytes is None

@@ -65,12 +65,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from lowlevel.models import embeddings
+from lowlevel.models.embeddings import initial_rows, mix64  # noqa: F401 (public here too)
 
 v1 = tf.compat.v1
 
@@ -88,20 +88,6 @@ FIELD_BITS = 56  # `FieldTables`: field k's id x is the key (k << 56) | (x mod 2
 STRING_BUCKETS = 2 ** 63 - 1
 
 
-def _signed(c: int) -> int:
-    return c - 2 ** 64 if c >= 2 ** 63 else c
-
-
-def mix64(x):
-    """MurmurHash3's 64-bit finaliser (fmix64) of int64 `x` -> int64, a bijection of 64 bits."""
-    u = tf.bitcast(tf.cast(x, tf.int64), tf.uint64)
-    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):
-        u = tf.bitwise.bitwise_xor(u, tf.bitwise.right_shift(u, tf.constant(33, tf.uint64)))
-        if multiplier:
-            u = u * tf.constant(multiplier, tf.uint64)
-    return tf.bitcast(u, tf.int64)
-
-
 def shard_of(ids, num_shards: int):
     """The shard of each int64 id (any shape): `mix64(id) mod num_shards`, int32."""
     return tf.cast(tf.math.floormod(mix64(ids), num_shards), tf.int32)
@@ -115,19 +101,6 @@ def string_ids(strings):
     id with probability ~n^2 / 2^64 for n strings).
     """
     return tf.strings.to_hash_bucket_fast(strings, STRING_BUCKETS)
-
-
-def initial_rows(ids, dim: int, stddev: float, seed: int):
-    """The deterministic first value of the rows of int64 `ids` `[N]` -> float32 `[N, dim]`.
-
-    Uniform in `[-sqrt(3) stddev, sqrt(3) stddev]` (standard deviation `stddev`),
-    a function of (id, column, seed) only.
-    """
-    cols = tf.range(1, dim + 1, dtype=tf.int64) * tf.constant(_signed(0x9E3779B97F4A7C15),
-                                                              tf.int64)
-    h = mix64(mix64(ids[:, None] + seed) + cols[None, :])
-    unit = tf.cast(tf.bitwise.bitwise_and(h, (1 << 24) - 1), tf.float32) / float(1 << 24)
-    return (2.0 * unit - 1.0) * (math.sqrt(3.0) * stddev)
 
 
 class HashTable:

@@ -30,6 +30,15 @@ The known failures of the classic trainer on sparse models (TensorFlow issues
   them alone (a whole-table read would make the gradient dense).
 - A partitioned table is saved as one variable with slice information, so a
   checkpoint restores with another number of ps tasks (another partitioning).
+- Rows are initialised lazily (issue 27: start-up independent of the table's
+  size). A `FieldTable`'s variable holds each row's *offset* from its initial
+  value and starts at zeros (zeroed memory, `optimizers.Filled`: no full-size
+  temporary); the initial value of row r is `initial_rows(r)`, a
+  hash of (r, column, seed), added on the worker to the rows a batch looks up.
+  The model is the one whose table started at `initial_rows` of every row,
+  the same after any restart, with any number of ps, without generating
+  rows x dim random numbers before the first step (at 100 M rows x 16 that
+  took >= 27 s per ps, benchmarks/NOTES.md). A checkpoint holds the offsets.
 """
 
 from __future__ import annotations
@@ -39,22 +48,52 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from lowlevel.models import optimizers
+
 v1 = tf.compat.v1
 
 TABLES = "lowlevel_embedding_tables"  # graph collection of every table (or shard of one)
 
 
-def table(name: str, rows: int, dim: int, stddev: float, seed: int):
-    """A `[rows, dim]` float32 table (partitioned if the scope has a partitioner).
+def _signed(c: int) -> int:
+    return c - 2 ** 64 if c >= 2 ** 63 else c
 
-    Initialised truncated-normal with `stddev`, shard by shard (no shard builds
-    the whole table's initial value). The scope's partitioner shards it, or
-    its `for_tables` if it has one (`placement.EvenShards`: the dense
-    variables are split by another rule).
+
+def mix64(x):
+    """MurmurHash3's 64-bit finaliser (fmix64) of int64 `x` -> int64, a bijection of 64 bits."""
+    u = tf.bitcast(tf.cast(x, tf.int64), tf.uint64)
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, None):
+        u = tf.bitwise.bitwise_xor(u, tf.bitwise.right_shift(u, tf.constant(33, tf.uint64)))
+        if multiplier:
+            u = u * tf.constant(multiplier, tf.uint64)
+    return tf.bitcast(u, tf.int64)
+
+
+def initial_rows(ids, dim: int, stddev: float, seed: int):
+    """The deterministic first value of the rows of int64 `ids` `[N]` -> float32 `[N, dim]`.
+
+    Uniform in `[-sqrt(3) stddev, sqrt(3) stddev]` (standard deviation `stddev`),
+    a function of (id, column, seed) only: two `mix64` rounds, 24 bits of the
+    hash per float.
+    """
+    cols = tf.range(1, dim + 1, dtype=tf.int64) * tf.constant(_signed(0x9E3779B97F4A7C15),
+                                                              tf.int64)
+    h = mix64(mix64(ids[:, None] + seed) + cols[None, :])
+    unit = tf.cast(tf.bitwise.bitwise_and(h, (1 << 24) - 1), tf.float32) / float(1 << 24)
+    return (2.0 * unit - 1.0) * (math.sqrt(3.0) * stddev)
+
+
+def table(name: str, rows: int, dim: int):
+    """A `[rows, dim]` float32 table of zeros (partitioned if the scope has a partitioner).
+
+    Each shard starts as zeroed memory on its ps (`optimizers.Filled`: no
+    full-size temporary, no random
+    numbers: the module doc's lazy initialisation). The scope's partitioner
+    shards it, or its `for_tables` if it has one (`placement.EvenShards`: the
+    dense variables are split by another rule).
     """
     return v1.get_variable(
-        name, [rows, dim], tf.float32,
-        v1.truncated_normal_initializer(stddev=stddev, seed=seed),
+        name, [rows, dim], tf.float32, optimizers.Filled(0.0),
         collections=[v1.GraphKeys.GLOBAL_VARIABLES, v1.GraphKeys.TRAINABLE_VARIABLES, TABLES],
         partitioner=getattr(v1.get_variable_scope().partitioner, "for_tables", None))
 
@@ -78,10 +117,12 @@ class FieldTable:
       name: the variable's name in the current scope.
       sizes: rows of each field (ids of field k are in `[0, sizes[k])`).
       dim: floats per row.
-      stddev, seed: the truncated-normal initialiser's.
+      stddev, seed: the initial rows' (`initial_rows`, uniform of standard
+        deviation `stddev`, keyed by table row and `seed`).
 
     Attributes:
-      params: the `[sum(sizes), dim]` float32 table (`table`), rows permuted.
+      params: the `[sum(sizes), dim]` float32 table (`table`), rows permuted,
+        each row's offset from its initial value.
       offsets: int64 `[K]`, the first row of each field before the permutation.
     """
 
@@ -91,7 +132,8 @@ class FieldTable:
         self.dim = dim
         self.offsets = np.cumsum([0, *self.sizes[:-1]]).astype(np.int64)
         self.multiplier = spread_multiplier(self.rows)
-        self.params = table(name, self.rows, dim, stddev, seed)
+        self.stddev, self.seed = stddev, seed
+        self.params = table(name, self.rows, dim)
 
     def row_of(self, ids):
         """The table row of each id: int64 `[B, K]` (column k: field k's ids) -> `[B, K]`."""
@@ -101,9 +143,11 @@ class FieldTable:
     def lookup(self, ids):
         """Rows for int64 `ids` `[B, K]` (column k: field k's ids) -> float32 `[B, K, dim]`.
 
-        Every distinct row of the batch, over all K fields, is gathered once (`lookup`).
+        Every distinct row of the batch, over all K fields, is gathered once
+        (`lookup`) and added to its initial value (`initial_rows`).
         """
-        rows = lookup(self.params, tf.reshape(self.row_of(ids), [-1]))
+        rows = lookup(self.params, tf.reshape(self.row_of(ids), [-1]),
+                      lambda r: initial_rows(r, self.dim, self.stddev, self.seed))
         return tf.reshape(rows, [-1, len(self.sizes), self.dim])
 
 
@@ -117,14 +161,18 @@ def shards(params) -> list:
     return [params]
 
 
-def lookup(params, ids):
+def lookup(params, ids, initial=None):
     """Rows of `params` (`[rows, dim]`, maybe partitioned) for int64 `ids` `[B]` -> `[B, dim]`.
 
     Each distinct id is gathered once, on the ps holding its row, and its
-    gradient goes back once (`_expand`).
+    gradient goes back once (`_expand`). `initial`, if given, maps the
+    distinct ids `[U]` to float32 `[U, dim]` added to their rows on the worker
+    (the lazy initial values); the gradient flows to `params` alone.
     """
     unique_ids, index = tf.unique(ids)
     rows = v1.nn.embedding_lookup(shards(params), unique_ids, partition_strategy="div")
+    if initial is not None:
+        rows = rows + initial(unique_ids)
     return _expand(rows, index)
 
 

@@ -84,9 +84,9 @@ class TaskCgroups:
                 "root, or inside a delegated cgroup (systemd-run --user --scope -p "
                 "Delegate=yes python -m lowlevel.launch ...), or without --memory") from None
 
-    def add(self, name: str, pid: int) -> None:
+    def add(self, name: str, pid: Optional[int]) -> None:
         """Moves task `name`'s process `pid` into its cgroup (made, with its limit, the first
-        time); no-op for a task without a limit."""
+        time; `pid` None: only made); no-op for a task without a limit."""
         if name not in self.limits:
             return
         path = os.path.join(self.base, name)
@@ -94,7 +94,8 @@ class TaskCgroups:
             os.mkdir(path)
             self._set_limit(path, self.limits[name])
         self._oom_at_start[name] = self.oom_kills(name)
-        _write(os.path.join(path, "cgroup.procs"), str(pid))
+        if pid is not None:
+            _write(os.path.join(path, "cgroup.procs"), str(pid))
 
     def _set_limit(self, path: str, limit: int) -> None:
         if self.version == 2:

@@ -27,8 +27,12 @@ import os
 import re
 from typing import Iterable, Optional
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
+
+# `Saver.save` accepts only a `SessionInterface` (no public name in TensorFlow 2).
+from tensorflow.python.client import session as tf_session
 
 from lowlevel import errors
 from lowlevel.errors import CheckpointMismatch, NoReadableCheckpoint
@@ -61,20 +65,43 @@ def all_checkpoints(checkpoint_dir: Optional[str]) -> list[str]:
     return [p if os.path.isabs(p) else os.path.join(checkpoint_dir, p) for p in paths]
 
 
-def read_step(path: str) -> int:
-    """The global step stored in checkpoint `path`, reading every tensor on the way.
+WHOLE_READ_MAX_BYTES = 64 << 20  # `read_step` reads tensors up to this size
 
-    Reading all of it (a checkpoint is read whole by a restore anyway) is what
-    finds a data file cut short; the index alone can be intact.
+
+def read_step(path: str) -> int:
+    """The global step stored in checkpoint `path`, after checking that it reads whole.
+
+    Every tensor of up to `WHOLE_READ_MAX_BYTES` is read (its checksum
+    checked). Larger ones (an embedding table: 6.4 GB at 100 M rows x 16)
+    are not loaded into this process; the data files must hold at least the
+    bytes the index gives all numeric tensors, which a data file cut short
+    (a full disk) does not.
 
     Raises:
       tf.errors.OpError, IndexError, ValueError, ...: the checkpoint is missing
         or unreadable (the reader's error depends on where the file is cut).
     """
     reader = tf.train.load_checkpoint(path)
-    for name in reader.get_variable_to_shape_map():
-        reader.get_tensor(name)
+    dtypes = reader.get_variable_to_dtype_map()
+    declared = 0
+    for name, shape in reader.get_variable_to_shape_map().items():
+        dtype = tf.as_dtype(dtypes[name])
+        nbytes = 0 if dtype == tf.string else int(np.prod(shape, dtype=np.int64)) * dtype.size
+        declared += nbytes
+        if nbytes <= WHOLE_READ_MAX_BYTES:
+            reader.get_tensor(name)
+    _check_data_files(path, declared)
     return int(reader.get_tensor(GLOBAL_STEP))
+
+
+def _check_data_files(path: str, declared: int) -> None:
+    """Raises ValueError if `path`'s data files are missing or hold under `declared` bytes."""
+    files = tf.io.gfile.glob(f"{path}.data-*-of-*")
+    expected = int(files[0].rpartition("-of-")[2]) if files else 1
+    held = sum(tf.io.gfile.stat(f).length for f in files)
+    if len(files) != expected or held < declared:
+        raise ValueError(f"its {len(files)} of {expected} data file(s) hold {held} bytes, "
+                         f"its tensors {declared}")
 
 
 def newest_readable(checkpoint_dir: Optional[str]) -> Optional[tuple[str, int]]:
@@ -207,17 +234,58 @@ class StateSaver(v1.train.Saver):
 
     The communication-reduced mode keeps its optimizer slots on each worker;
     `before_save` copies the chief's to the variables this saver writes.
+
+    `timeout_secs` (or `save(..., timeout_secs=T)`) gives each run of a save
+    and of a restore a deadline of that many seconds instead of the session's
+    `operation_timeout_in_ms` (`--step_timeout_secs`): at 100 M rows a save
+    writes 13.6 GB (24-60 s at this machine's 450 MB/s) and a restore reads
+    it (~75 s), and a step's 60 s cancelled both (measured, benchmarks/NOTES.md).
     """
 
-    def __init__(self, var_list, before_save=None, **kwargs):
+    def __init__(self, var_list, before_save=None, timeout_secs: Optional[float] = None,
+                 **kwargs):
         kwargs.setdefault("builder", chunked_save.ChunkedSaverBuilder())
         super().__init__(var_list, **kwargs)
         self._before_save = before_save
+        self.timeout_secs = timeout_secs
 
-    def save(self, sess, *args, **kwargs):
+    def save(self, sess, *args, timeout_secs: Optional[float] = None, **kwargs):
+        timeout_secs = timeout_secs or self.timeout_secs
+        if timeout_secs is not None:
+            sess = _WithDeadline(sess, timeout_secs)
         if self._before_save is not None:
             sess.run(self._before_save)
         return super().save(sess, *args, **kwargs)
+
+    def restore(self, sess, save_path):
+        if self.timeout_secs is not None:
+            sess = _WithDeadline(sess, self.timeout_secs)
+        return super().restore(sess, save_path)
+
+
+class _WithDeadline(tf_session.SessionInterface):
+    """`sess` whose runs without `options` get a deadline of `timeout_secs`."""
+
+    def __init__(self, sess, timeout_secs: float):
+        self._sess = sess
+        self._options = v1.RunOptions(timeout_in_ms=max(1, int(timeout_secs * 1000)))
+
+    @property
+    def graph(self):
+        return self._sess.graph
+
+    @property
+    def sess_str(self):
+        return self._sess.sess_str
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        return self._sess.run(fetches, feed_dict, options or self._options, run_metadata)
+
+    def partial_run_setup(self, fetches, feeds=None):
+        return self._sess.partial_run_setup(fetches, feeds)
+
+    def partial_run(self, handle, fetches, feed_dict=None):
+        return self._sess.partial_run(handle, fetches, feed_dict)
 
 
 class PartialRestore:
@@ -229,15 +297,18 @@ class PartialRestore:
     initialises every variable and calls `restore`, which reads from the
     checkpoint all the variables it holds.
 
+    `timeout_secs`: the restore's deadline (`StateSaver`), None: the session's.
+
     Attributes:
       path: the checkpoint's path prefix.
       missing: the names it lacks, which start from their initial values.
     """
 
-    def __init__(self, path: str, names: dict, missing: Iterable[str]):
+    def __init__(self, path: str, names: dict, missing: Iterable[str],
+                 timeout_secs: Optional[float] = None):
         self.path, self.missing = path, sorted(missing)
         present = {k: v for k, v in names.items() if k not in set(self.missing)}
-        self._saver = v1.train.Saver(present, sharded=True)
+        self._saver = StateSaver(present, sharded=True, timeout_secs=timeout_secs)
         logging.warning(
             "checkpoint %s holds no optimizer state for %d variable(s) (%s): restoring the "
             "model and global_step from it; the optimizer's state starts fresh",

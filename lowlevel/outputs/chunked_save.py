@@ -18,7 +18,17 @@ one before on the same device: a save holds at most one slice per device.
 The checkpoint is the usual V2 bundle (`MergeV2Checkpoints` joins the parts;
 a variable's slices carry their slice specs, as a partitioned variable's
 shards do), so it restores as before, with any partitioning, and
-`tf.train.load_variable` reads the whole tensor. Restores are unchanged.
+`tf.train.load_variable` reads the whole tensor.
+
+Restores of the same variables are sliced too (`_restore_in_slices`): a
+stock restore reads a device's variables whole, all at once, and assigns
+them: a ps that survived another's restart rolls back to the checkpoint
+holding its state twice (measured for 100 M rows on 2 ps: 6.5 GB of state
+each, benchmarks/NOTES.md). Here each large variable is read a slice at a
+time (`RestoreV2` of a slice spec: any saved slicing or partitioning) and
+written into it in place (`ResourceScatterUpdate`), one slice per device at
+a time; a variable not yet initialised (its ps restarted) is read whole and
+adopts the restored buffer. Each ps reads only its own variables' rows.
 """
 
 from __future__ import annotations
@@ -43,26 +53,17 @@ class _RowSlice:
     """
 
     def __init__(self, handle, shape: list, spec, begin: int, end: int):
-        if spec.slice_spec:
-            info = v1.Variable.SaveSliceInfo.from_spec(spec.slice_spec)
-            full_shape, offset = info.full_shape, info.var_offset
-        else:
-            full_shape, offset = shape, [0] * len(shape)
         self.device = spec.device
         self.name = spec.name
         self.op = handle
-        slice_spec = v1.Variable.SaveSliceInfo(
-            spec.name, full_shape, [offset[0] + begin, *offset[1:]],
-            [end - begin, *shape[1:]]).spec
+        self.shape, self.begin, self.rows, self.saved_spec = shape, begin, end - begin, spec
+        slice_spec = _spec_of(spec, shape, begin, end)
         dtype = spec.dtype
 
         def read():
             with tf.device(spec.device):
-                # The rows' indices are made when the save runs: Grappler would fold a
-                # constant range into a Const, which its kernel keeps (1/8 of the slice's
-                # bytes for 16 floats a row, for every slice, for as long as the graph runs).
-                first = tf.raw_ops.PlaceholderWithDefault(
-                    input=tf.constant(begin, tf.int64), shape=[])
+                index = tf.int32 if shape[0] < 2 ** 31 else tf.int64
+                first = _opaque(handle, begin, index)
                 return tf.raw_ops.ResourceGather(
                     resource=handle, indices=tf.range(first, first + (end - begin)),
                     dtype=dtype)
@@ -86,9 +87,71 @@ def _slices(saveable, chunk_bytes: int) -> list:
     rows, row_bytes = shape[0], shape[1:].num_elements() * saveable.specs[0].dtype.size
     if rows * row_bytes <= chunk_bytes:
         return [saveable]
-    step = max(1, chunk_bytes // max(1, row_bytes))
+    index_bytes = 4 if rows < 2 ** 31 else 8  # a slice's rows and their indices fit the chunk
+    step = max(1, chunk_bytes // (row_bytes + index_bytes))
     return [_RowSlice(handle, shape.as_list(), saveable.specs[0], a, min(a + step, rows))
             for a in range(0, rows, step)]
+
+
+def _opaque(handle, value: int, dtype):
+    """`value` (a `dtype` scalar) computed when the graph runs, from the variable's state.
+
+    Both TensorFlow's graph optimizer (at executor creation) and Grappler fold
+    a range whose bounds are constants, or `PlaceholderWithDefault`s of
+    constants, into a `Const`, which the executor keeps with its `GraphDef`'s
+    copy for as long as the graph runs: measured 2.2x the slices' indices
+    (177 MiB after a save of a 610 MiB variable in 64 MiB slices,
+    benchmarks/NOTES.md). `VarIsInitializedOp` reads the resource: nothing
+    folds it (it is true whenever this runs).
+    """
+    known = tf.cast(tf.raw_ops.VarIsInitializedOp(resource=handle), dtype)
+    return known * tf.constant(value, dtype)
+
+
+def _spec_of(spec, shape: list, begin: int, end: int) -> str:
+    """The slice spec of rows `[begin, end)` of a variable saved under `spec` (its `SaveSpec`)."""
+    if spec.slice_spec:
+        info = v1.Variable.SaveSliceInfo.from_spec(spec.slice_spec)
+        full_shape, offset = info.full_shape, info.var_offset
+    else:
+        full_shape, offset = shape, [0] * len(shape)
+    return v1.Variable.SaveSliceInfo(spec.name, full_shape, [offset[0] + begin, *offset[1:]],
+                                     [end - begin, *shape[1:]]).spec
+
+
+def _restore_in_slices(filename, slices: list):
+    """The restore of the variable behind `_RowSlice`s `slices`; returns its last op.
+
+    An initialised variable (a ps that survived) is overwritten a slice at a
+    time, in place. One not initialised (its ps restarted) is restored whole
+    and assigned: the variable adopts the restored buffer, so that costs no
+    second copy either, and a restore cut short leaves it uninitialised (not
+    half-restored memory a new session would take for a model).
+    """
+    first = slices[0]
+    handle, dtype, shape = first.op, first.specs[0].dtype, first.shape
+
+    def read(spec):
+        return tf.raw_ops.RestoreV2(prefix=filename, tensor_names=[first.name],
+                                    shape_and_slices=[spec], dtypes=[dtype])[0]
+
+    def in_place():
+        last = []
+        for piece in slices:
+            with tf.control_dependencies(last):
+                begin = [piece.begin] + [0] * (len(shape) - 1)
+                last = [tf.raw_ops.ResourceStridedSliceAssign(
+                    ref=handle, begin=begin, end=[piece.begin + piece.rows, *shape[1:]],
+                    strides=[1] * len(shape), value=read(piece.specs[0].slice_spec))]
+        with tf.control_dependencies(last):
+            return tf.constant(True)
+
+    def whole():
+        spec = _spec_of(first.saved_spec, shape, 0, shape[0])
+        with tf.control_dependencies([tf.raw_ops.AssignVariableOp(resource=handle,
+                                                                  value=read(spec))]):
+            return tf.constant(True)
+    return tf.cond(tf.raw_ops.VarIsInitializedOp(resource=handle), in_place, whole).op
 
 
 class ChunkedSaverBuilder(saver_lib.BulkSaverBuilder):
@@ -115,6 +178,30 @@ class ChunkedSaverBuilder(saver_lib.BulkSaverBuilder):
             parts += [(device, [piece]) for piece in sliced]
         self._last_save = {}
         return super()._AddShardedSaveOpsForV2(checkpoint_prefix, parts)
+
+    def _AddShardedRestoreOps(self, filename_tensor, per_device, restore_sequentially,
+                              reshape):
+        """Small saveables restored as before; large variables a slice at a time per device."""
+        restores = []
+        for shard, (device, saveables) in enumerate(per_device):
+            whole, sliced = [], []
+            for saveable in saveables:
+                pieces = _slices(saveable, self.chunk_bytes)
+                if pieces[0] is saveable:
+                    whole.append(saveable)
+                else:
+                    sliced.append(pieces)
+            with tf.device(device):
+                last = None
+                if whole:
+                    last = self._AddRestoreOps(filename_tensor, whole, restore_sequentially,
+                                               reshape, preferred_shard=shard,
+                                               name="restore_shard")
+                for pieces in sliced:
+                    with tf.control_dependencies([last] if last is not None else []):
+                        last = _restore_in_slices(filename_tensor, pieces)
+                restores.append(last)
+        return tf.group(*restores, name="restore_all")
 
     def save_op(self, filename_tensor, saveables):
         """One `SaveV2`, after the previous one on the same device (slices are read in turn)."""

@@ -36,6 +36,7 @@ ends the process with the same status and line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -117,6 +118,19 @@ class Outage:
                                                self._clock()) if t is not None)
             if what:
                 self._what = what
+
+    @contextlib.contextmanager
+    def extended(self, secs: float):
+        """Within: the run in flight may go on `secs` from now (a checkpoint save inside a
+        step's run, with its own deadline) before `overdue_since` counts it."""
+        before, started = self.run_timeout_secs, self.run_started
+        if started is not None:
+            self.run_timeout_secs = max(before or 0.0, self._clock() - started + secs)
+        try:
+            yield
+        finally:
+            if started is not None and self.run_started == started:
+                self.run_timeout_secs = before
 
     def waited(self) -> float:
         """Seconds the outage under way has lasted (0 without one)."""

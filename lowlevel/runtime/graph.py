@@ -170,7 +170,11 @@ def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, fee
         **_kept(model_scaffold), local_init_op=local_init, local_init_feed_dict=feed,
         saver=checkpoints.StateSaver(saved, state.save_state if state else None, sharded=True,
                                      max_to_keep=config.keep_checkpoint_max,
-                                     save_relative_paths=True))
+                                     save_relative_paths=True,
+                                     timeout_secs=hooks.save_timeout_secs(
+                                         config.step_timeout_secs, _variable_bytes(
+                                             graph.get_collection(
+                                                 v1.GraphKeys.GLOBAL_VARIABLES)))))
     model_names = checkpoints.saved_names(v1.trainable_variables())
     return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
 
@@ -273,6 +277,11 @@ def _local_sgd_step(config, mode: Mode, model_fn, images, labels, iterator, opt,
     return Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
 
 
+def _variable_bytes(variables) -> int:
+    """Bytes of `variables` (shapes fully defined; others count 0)."""
+    return sum((v.shape.num_elements() or 0) * v.dtype.size for v in variables)
+
+
 def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, scaffold, steps,
                   progress, final_eval, preempted, extra=()) -> list:
     """The task's session hooks, in the order of the end-of-training protocol (`shutdown`).
@@ -301,12 +310,16 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
             num_tokens=0 if mode.local else -1))
     checkpoint = None
     if task.is_chief and config.output_dir:
+        state_bytes = _variable_bytes(v1.global_variables())
         training.append(hooks.SummaryHook(config.output_dir,
                                           max(config.log_every_secs, 1.0), steps))
         checkpoint = hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
                                           config.save_checkpoint_steps,
                                           config.save_checkpoint_secs,
-                                          config.max_checkpoint_failures)
+                                          config.max_checkpoint_failures,
+                                          state_bytes=state_bytes,
+                                          save_timeout_secs=hooks.save_timeout_secs(
+                                              config.step_timeout_secs, state_bytes))
     return shutdown.end_of_training_hooks(
         task, cluster, channel, training, checkpoint=checkpoint, final_eval=final_eval,
         timeout_secs=config.shutdown_timeout_secs, preempted=preempted)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import errors, events, output_layout
-from lowlevel.outputs import storage
+from lowlevel.outputs import checkpoints, storage
 
 v1 = tf.compat.v1
 
@@ -39,18 +40,37 @@ class LoopState:
       value: the global step as the loop last saw it.
       in_step: the run under way is a training step (not an exchange or a
         claim): hooks that fetch the batch's loss or summaries act only then.
+      outage: the task's `faults.Outage` once training runs (None before, and
+        in-process): a hook whose run may outlast a step's deadline (a save)
+        extends the run's allowance there.
     """
 
     def __init__(self):
         self.value = 0
         self.in_step = False
+        self.outage = None
+
+
+INITIAL_SAVE_MAX_BYTES = 1 << 30  # `CheckpointHook`: larger states are not saved at session start
+SAVE_MIN_BYTES_PER_SEC = 20e6  # a save's deadline allows writing at this speed (a slow disk)
+
+
+def save_timeout_secs(step_timeout_secs: float, state_bytes: int) -> float:
+    """The deadline of a save of `state_bytes`: a step's, plus the bytes at
+    `SAVE_MIN_BYTES_PER_SEC` (13.6 GB: 740 s; this machine writes 450 MB/s)."""
+    return step_timeout_secs + state_bytes / SAVE_MIN_BYTES_PER_SEC
 
 
 class CheckpointHook(v1.train.SessionRunHook):
     """Saves a checkpoint every `save_steps` global steps or `save_secs` seconds, and at the end.
 
     Writes `graph.pbtxt` and the graph summary when the first session is
-    created, and saves the state it starts from (as the stock hook does). The
+    created, and saves the state it starts from (as the stock hook does)
+    unless the model's variables hold more than `INITIAL_SAVE_MAX_BYTES`:
+    that state is the checkpoint just restored, or the deterministic initial
+    one (tables start lazily, `embeddings`; the built-in models' initialisers
+    are seeded), and at 100 M rows its 13.6 GB save took longer than the
+    60 s to the first step that issue 27 allows. The
     final save in `end` runs after every earlier hook's `end`: place it after
     the hook that waits for the other workers, so it holds their last updates.
 
@@ -62,6 +82,11 @@ class CheckpointHook(v1.train.SessionRunHook):
       max_failures: saves in a row that may fail (full or read-only disk: one
         line each, `storage.CheckpointSaves`) before the run ends with
         `errors.StorageFailure`.
+      state_bytes: bytes of the variables the saver writes (decides the
+        first save; 0: always save it).
+      save_timeout_secs: the deadline of a save's runs (None: the session's);
+        the task's outage clock (`steps.outage`) allows the run in flight as
+        long (`faults.Outage.extended`).
 
     Attributes:
       saves: the `storage.CheckpointSaves`; `saves.last_failed` after `end`
@@ -70,8 +95,11 @@ class CheckpointHook(v1.train.SessionRunHook):
 
     def __init__(self, saver, output_dir: str, steps: LoopState,
                  save_steps: Optional[int] = None, save_secs: Optional[float] = None,
-                 max_failures: int = 3):
+                 max_failures: int = 3, state_bytes: int = 0,
+                 save_timeout_secs: Optional[float] = None):
         self._saver = saver
+        self._state_bytes = state_bytes
+        self._save_timeout_secs = save_timeout_secs
         self.saves = storage.CheckpointSaves(output_dir, max_failures)
         self._graph_writes = storage.Writes("the graph")
         self._output_dir = output_dir
@@ -96,7 +124,12 @@ class CheckpointHook(v1.train.SessionRunHook):
                                   "graph.pbtxt")
                 v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
             self._graph_writes.run(write_graph, self._output_dir)
-            self._save(session, step)
+            if self._state_bytes <= INITIAL_SAVE_MAX_BYTES:
+                self._save(session, step)
+            else:
+                logging.info("not saving the state at step %d (%.1f GB, above %.1f GB: restored "
+                             "or deterministic); the first checkpoint comes with the cadence",
+                             step, self._state_bytes / 1e9, INITIAL_SAVE_MAX_BYTES / 1e9)
         self._timer.update_last_triggered_step(step)
 
     def due(self) -> bool:
@@ -114,9 +147,13 @@ class CheckpointHook(v1.train.SessionRunHook):
         self._save(session, self._steps.value, final=True)
 
     def _save(self, session, step: int, final: bool = False) -> None:
-        path = self.saves.save(
-            lambda: self._saver.save(session, self._prefix, global_step=self._global_step),
-            step, final)
+        secs, outage = self._save_timeout_secs, self._steps.outage
+        kwargs = {"timeout_secs": secs} if secs and isinstance(
+            self._saver, checkpoints.StateSaver) else {}
+        with outage.extended(secs) if outage and secs else contextlib.nullcontext():
+            path = self.saves.save(
+                lambda: self._saver.save(session, self._prefix, global_step=self._global_step,
+                                         **kwargs), step, final)
         if path is None:
             return
         logging.info("saved %s", os.path.basename(path))

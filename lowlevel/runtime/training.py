@@ -85,6 +85,7 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
             if cluster:
                 watch = faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
                                           config.fault_timeout_secs, outage=outage)
+                g.steps.outage = outage
                 outage.watchdog()
             loop.run(sess, g, config.train_steps, preempted, watch)
             logging.info("%s: %s; closing the session", task.name,
@@ -107,8 +108,9 @@ def _checked_checkpoint(output_dir: Optional[str], g: TrainGraph, task: Task):
                                         optional=g.optimizer_names)
     if path and task.is_chief and checkpoints.missing_names(path, g.saved):
         with g.graph.as_default():
-            return checkpoints.PartialRestore(path, g.saved,
-                                              checkpoints.missing_names(path, g.saved))
+            return checkpoints.PartialRestore(
+                path, g.saved, checkpoints.missing_names(path, g.saved),
+                timeout_secs=getattr(g.scaffold.saver, "timeout_secs", None))
     return None
 
 
