@@ -9,8 +9,11 @@ that every process `_runners.Procs.start` starts during the block joins before i
 execs (`join_argv`); their children inherit it, so the run's tasks together get the limit
 and the kernel kills within them. This process stays out of it: the OOM killer chooses by
 resident size, not by cgroup charge, and would pick a harness that holds TensorFlow (it did,
-in a test). After the block the cgroup is removed; `Box` says whether the limit killed
-anything and the cgroup's peak (bytes, page cache included).
+in a test). Once the kernel has killed a process for the limit, the run cannot finish (the
+textbook trainer's workers wait for their dead ps forever): the rest of the cgroup's
+processes get SIGKILL at once, and the runner reports the run's end. After the block
+the cgroup is removed; `Box` says whether the limit killed anything and the cgroup's
+peak (bytes, page cache included).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
+import threading
 from typing import Optional
 
 from lowlevel.ops import memory_limits
@@ -74,9 +79,33 @@ def limited(limit_bytes: Optional[int]):
     box.limit_bytes, box.cgroup = limit_bytes, groups.base
     groups.add("run", None)
     JOIN["procs"] = os.path.join(groups.base, "run", "cgroup.procs")
+    done = threading.Event()
+    watcher = threading.Thread(target=_end_on_oom, args=(groups, JOIN["procs"], done),
+                               daemon=True)
+    watcher.start()
     try:
         yield box
     finally:
         JOIN["procs"] = None
+        done.set()
+        watcher.join()
         box.peak_bytes, box.oom_kills = groups.peak("run"), groups.oom_kills("run")
         groups.close()
+
+
+def _end_on_oom(groups, procs_path: str, done: threading.Event, poll_secs: float = 0.5):
+    """Until `done`: once the run's cgroup has an OOM kill, SIGKILL every process in it
+    (all started by this harness: `join_argv`), by PID."""
+    while not done.wait(poll_secs):
+        if not groups.oom_kills("run"):
+            continue
+        try:
+            with open(procs_path) as f:
+                pids = [int(line) for line in f if line.strip()]
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -62,6 +62,9 @@ def aggregate(runs: list) -> list:
         records.append({
             "trainer": trainer, "runs": len(group), "ok": len(ok),
             "error": None if ok or not group else group[-1].get("error", "")[-500:],
+            # its first line (a memory limit's "did not fit ..." precedes the logs)
+            "error_line": None if ok or not group else
+            (group[-1].get("error") or "").strip().split("\n")[0][:300],
             "timeout": bool(group) and not ok and any(r.get("timeout") for r in group),
             **{k: _median([r.get(k) for r in ok]) for k in (
                 "examples_per_sec", "step_ms_p50", "step_ms_p90", "bytes_per_step",
@@ -159,9 +162,8 @@ def markdown(sparse: dict) -> str:
     for r in sparse["records"]:
         if not r["ok"]:
             why = "timeout" if r["timeout"] else "failed"
-            lines.append(f"| {r['trainer']} | {why}: "
-                         f"{(r['error'] or '').strip().splitlines()[0] if r['error'] else ''}"
-                         " | | | | | | | | | |")
+            first = r.get("error_line") or ((r["error"] or "").strip().split("\n") or [""])[0]
+            lines.append(f"| {r['trainer']} | {why}: {first} | | | | | | | | | |")
             continue
         b, state = r["bytes_per_step"], r.get("ps_state_bytes") or {}
         lines.append(

@@ -73,6 +73,25 @@ def test_checkpoint_is_due_every_save_steps(graph, tmp_path):
     assert hook.due()
 
 
+def test_a_state_above_a_gib_is_not_saved_at_session_start_but_with_the_cadence(graph,
+                                                                                tmp_path):
+    """100 M rows: 13.6 GB restored or deterministic; its save at step 0 took longer than
+    the 60 s to the first step (issue 27). The cadence and the final save still save."""
+    g, sess, step, _ = graph
+    state = hooks.LoopState()
+    with g.as_default():
+        hook = hooks.CheckpointHook(v1.train.Saver(), str(tmp_path), state, save_steps=10,
+                                    state_bytes=hooks.INITIAL_SAVE_MAX_BYTES + 1)
+        hook.begin()
+    hook.after_create_session(sess, None)
+    assert not list(tmp_path.glob("model.ckpt-*"))
+    state.value = 10
+    assert hook.due()
+    hook.before_run(_Run(session=sess))
+    assert (tmp_path / "model.ckpt-0.index").exists()  # the global step is still 0 here
+    assert hooks.save_timeout_secs(60.0, 13_600_000_000) == 60.0 + 680.0
+
+
 def test_summary_is_due_once_per_interval(graph, tmp_path):
     g, _, _, _ = graph
     state = hooks.LoopState()

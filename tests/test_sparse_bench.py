@@ -194,8 +194,12 @@ def test_a_run_that_does_not_fit_is_killed_in_its_cgroup_and_said_so():
     grow = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"
     try:
         with _memory.limited(200 << 20) as box:
+            # a bystander that would wait forever (a textbook worker whose ps died) ...
+            waiter = subprocess.Popen(_memory.join_argv(["sleep", "600"]))
             argv = _memory.join_argv([sys.executable, "-c", grow])
             proc = subprocess.run(argv, timeout=60, check=False)
+            # ... ends within a poll of the kill, not at the run's timeout
+            assert waiter.wait(timeout=10) == -9
     except memory_limits.MemoryLimitError as e:
         pytest.skip(str(e))
     assert proc.returncode == -9  # SIGKILL: the kernel's, within the run's cgroup

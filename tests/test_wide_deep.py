@@ -322,3 +322,28 @@ def test_even_shards_split_into_a_multiple_of_the_ps_count():
     assert even([128, 128], tf.float32) == [2, 1]  # 64 KB > 32 KB: one shard per ps
     assert even([128], tf.float32) == [1]  # small: whole
     assert even([3, 100000], tf.float32) == [3, 1]  # never more shards than rows
+
+
+def test_table_rows_start_lazily_the_same_with_any_number_of_shards():
+    """A `FieldTable` variable starts at zeros (no random numbers, no full-size temporary);
+    its rows' initial values are a hash of the row, the same whatever the sharding, with
+    the standard deviation asked (issue 27: start-up independent of the table's size)."""
+    sizes = [50_000, 30_000]
+    ids = np.stack([np.arange(0, 50_000, 7)[:4000], np.arange(0, 30_000, 7)[:4000]], axis=1)
+    got = []
+    for shards in (1, 3):
+        with tf.Graph().as_default() as g:
+            with v1.variable_scope("m", partitioner=v1.fixed_size_partitioner(shards)):
+                table = embeddings.FieldTable("t", sizes, 8, 0.25, seed=5)
+            rows = table.lookup(tf.constant(ids, tf.int64))
+            random_ops = [op.type for op in g.get_operations() if "Random" in op.type
+                          or op.type == "TruncatedNormal"]
+            assert not random_ops, random_ops
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                stored = sess.run(tf.concat(embeddings.shards(table.params), 0))
+                got.append(sess.run(rows))
+        assert not stored.any()  # offsets from the initial rows: zeros
+    assert np.array_equal(got[0], got[1])
+    assert abs(got[0].std() - 0.25) < 0.01 and abs(got[0].mean()) < 0.01
+    assert len(np.unique(got[0].reshape(-1, 8), axis=0)) == ids.size  # distinct rows
