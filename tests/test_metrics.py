@@ -230,18 +230,23 @@ def test_serve_on_a_port_in_use_is_a_usage_error(ports):
 STEPS = 5000
 
 
-def _scraper(ports_by_task: dict, stop: threading.Event, out: list):
-    """Scrapes every task every 0.1 s: out gets (unix time, task, parsed samples)."""
+def _scraper(task: str, port: int, stop: threading.Event, out: list):
+    """Scrapes one task every 0.1 s: out gets (unix time, task, parsed samples).
+
+    One thread per task: a task that is exiting can accept a connection and never
+    answer, and its 2 s timeout must not eat another task's window (the chief's
+    final step shows for well under a second between its last step and its exit).
+    """
     while not stop.is_set():
-        for task, port in ports_by_task.items():
-            try:
-                t0 = time.time()
-                status, text = scrape(port, timeout=2)
-                t1 = time.time()
-            except OSError:
-                continue
-            if status == 200:
-                out.append(((t0 + t1) / 2, task, samples(text)))
+        try:
+            t0 = time.time()
+            status, text = scrape(port, timeout=2)
+            t1 = time.time()
+        except OSError:
+            stop.wait(0.05)
+            continue
+        if status == 200:
+            out.append(((t0 + t1) / 2, task, samples(text)))
         stop.wait(0.1)
 
 
@@ -280,13 +285,16 @@ def test_a_real_run_scrapes_with_the_final_step_and_the_benchmarks_bytes(ports, 
                     [int(host.rpartition(":")[2])])
     watcher.start()
     scraped, stop = [], threading.Event()
-    thread = threading.Thread(target=_scraper, args=(metric_ports, stop, scraped), daemon=True)
-    thread.start()
+    threads = [threading.Thread(target=_scraper, args=(task, port, stop, scraped), daemon=True)
+               for task, port in metric_ports.items()]
+    for thread in threads:
+        thread.start()
     try:
         statuses = clusters.wait_all(procs, 240)
     finally:
         stop.set()
-        thread.join(10)
+        for thread in threads:
+            thread.join(10)
         watcher.stop()
     for name, (code, _) in statuses.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(tmp_path / f'{name}.log')}"
