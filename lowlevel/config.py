@@ -244,8 +244,10 @@ class TrainConfig:
         "lost to UnavailableError, its close, the wait for the ps tasks and the new "
         "session's creation. 90 s: 30 s past the step deadline's notice, room for a ps "
         "restarted by a cluster manager; a ps frozen or cut off for good ends every worker "
-        "~92 s after the fault (measured), well within three minutes. An evaluator: the "
-        "bound of each read or write in --output_dir.")
+        "~92 s after the fault (measured), well within three minutes. A new session still "
+        "waiting for the chief's restore at the limit, with every peer answering, gets 1 s "
+        "more per 20 MB of model state, once (100 M rows: +680 s; a restore took ~75 s). "
+        "An evaluator: the bound of each read or write in --output_dir.")
     communication_period: int = _field(
         1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
         "or model averaging (--sync); K times fewer bytes per step; see "

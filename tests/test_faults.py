@@ -210,6 +210,44 @@ def test_a_save_inside_a_run_extends_its_allowance_and_only_while_it_lasts():
         assert outage.run_timeout_secs is None
 
 
+def test_a_wait_for_the_restore_with_every_peer_answering_gets_its_allowance_once():
+    """Past `--fault_timeout_secs`, a task whose peers all answer is waiting for the chief's
+    restore (100 M rows: ~75 s of a 90 s limit): the outage may last the restore's bytes'
+    part longer, once; a peer that does not answer, or a small model, gets nothing."""
+    live, live_addr = listener(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    frozen, frozen_addr = listener(None)
+    try:
+        clock = Clock()
+        outage = faults.Outage("worker1", [("ps0", live_addr), ("worker0", live_addr)], 90.0,
+                               clock)
+        assert not outage.allow_restore(680.0)  # no outage under way
+        outage.begin()
+        clock.now += 90.0
+        assert outage.remaining() == 0.0
+        assert not outage.allow_restore(0.5)  # a model under 20 MB: no allowance
+        assert outage.allow_restore(680.0)
+        assert outage.limit_secs == 770.0 and outage.remaining() == 680.0
+        assert not outage.allow_restore(680.0)  # once per outage
+        clock.now += 679.0
+        outage.check()
+        clock.now += 1.0
+        with pytest.raises(errors.NetworkFault, match=r"for 770 s \(--fault_timeout_secs=90, "
+                                                      r"\+680 s for a restore\)"):
+            outage.check()
+        outage.end()  # the next outage starts at the plain limit
+        assert outage.limit_secs == 90.0
+        stuck = faults.Outage("worker1", [("ps0", live_addr), ("ps1", frozen_addr)], 90.0,
+                              clock)
+        stuck.begin()
+        clock.now += 90.0
+        assert not stuck.allow_restore(680.0)  # ps1 frozen: a fault, not a restore
+        with pytest.raises(errors.NetworkFault, match=r"not answering: ps1 at "):
+            stuck.check()
+    finally:
+        live.close()
+        frozen.close()
+
+
 def test_abandonable_returns_raises_and_abandons_a_call_that_does_not_return():
     assert faults.abandonable(lambda: 5, lambda: None) == 5
     with pytest.raises(KeyError):

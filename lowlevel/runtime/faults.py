@@ -73,8 +73,9 @@ class Outage:
     start of the run under way; it ends when a run completes (`end`). Every
     wait on the way (the deadline's retries, the close of the lost session,
     the wait for the ps tasks, the new session's creation) calls `check`,
-    which raises `NetworkFault` once the outage has lasted `fault_timeout_secs`.
-    Thread-safe.
+    which raises `NetworkFault` once the outage has lasted `fault_timeout_secs`,
+    plus the restore allowance of an outage spent waiting for the chief's
+    restore (`allow_restore`). Thread-safe.
 
     Args:
       task_name: this task ("worker1"), for the messages.
@@ -101,6 +102,7 @@ class Outage:
         self._clock = clock
         self._lock = threading.Lock()
         self._since: Optional[float] = None
+        self._allowance = 0.0  # seconds past fault_timeout_secs for this outage
         self._what = "step"
 
     @property
@@ -132,6 +134,37 @@ class Outage:
             if started is not None and self.run_started == started:
                 self.run_timeout_secs = before
 
+    @property
+    def limit_secs(self) -> float:
+        """The longest the outage under way may last: `fault_timeout_secs`, plus its
+        `allow_restore` allowance, seconds."""
+        return self.fault_timeout_secs + self._allowance
+
+    def allow_restore(self, restore_secs: float) -> bool:
+        """Past the limit with every peer answering: lets this outage last `restore_secs`
+        longer, once (`end` takes it back); returns whether it did.
+
+        A session that replaces a lost one waits for the model: the chief restores the
+        checkpoint into the ps tasks first, and with every peer answering that is what
+        the wait is for (not a fault). The caller passes the bytes' part of the
+        restore's own deadline (`checkpoints.StateSaver`: 1 s per 20 MB; 680 s at
+        13.6 GB, under 1 s for a model below 20 MB, which gets none): at 100 M rows
+        the restore alone took ~75 s, and the 90 s default limit ended the workers
+        88 s into it (benchmarks/NOTES.md, 2026-11-26).
+        """
+        with self._lock:
+            if self._since is None or self._allowance or restore_secs < 1.0:
+                return False
+        if self.not_answering():
+            return False
+        with self._lock:
+            self._allowance = restore_secs
+        logging.warning("%s: no session after %.0f s (--fault_timeout_secs=%g) but every peer "
+                        "answers: waiting for the chief's restore, up to %.0f s more (1 s per "
+                        "20 MB of state)", self.task_name, self.waited(),
+                        self.fault_timeout_secs, restore_secs)
+        return True
+
     def waited(self) -> float:
         """Seconds the outage under way has lasted (0 without one)."""
         since = self._since
@@ -140,7 +173,7 @@ class Outage:
     def remaining(self) -> float:
         """Seconds left before the outage under way ends the task (inf without one)."""
         since = self._since
-        return float("inf") if since is None else since + self.fault_timeout_secs - self._clock()
+        return float("inf") if since is None else since + self.limit_secs - self._clock()
 
     def overdue_since(self, grace_secs: float) -> Optional[float]:
         """The start of the outage under way; or, without one, the deadline of a run still
@@ -164,7 +197,7 @@ class Outage:
     def end(self) -> Optional[float]:
         """A run completed: ends the outage; returns its length (None if there was none)."""
         with self._lock:
-            since, self._since = self._since, None
+            since, self._since, self._allowance = self._since, None, 0.0
             self.last_completed = self._clock()
         return None if since is None else self.last_completed - since
 
@@ -189,11 +222,13 @@ class Outage:
         who = self.who(silent)
         events.emit("fault_noticed", None, error=f"no {what} completed for {waited:.0f} s; "
                     "giving up", missing=silent, waited_secs=round(waited, 3))
-        logging.error("%s: no %s completed for %.0f s (--fault_timeout_secs=%g); %s; "
-                      "giving up", self.task_name, what, waited, self.fault_timeout_secs, who)
+        allowed = f", +{self._allowance:.0f} s for a restore" if self._allowance else ""
+        logging.error("%s: no %s completed for %.0f s (--fault_timeout_secs=%g%s); %s; "
+                      "giving up", self.task_name, what, waited, self.fault_timeout_secs,
+                      allowed, who)
         return NetworkFault(
             f"{self.task_name}: no {what} completed for {waited:.0f} s "
-            f"(--fault_timeout_secs={self.fault_timeout_secs:g}); {who}: a network "
+            f"(--fault_timeout_secs={self.fault_timeout_secs:g}{allowed}); {who}: a network "
             "partition, a frozen or dead host? Restart this task once they are back")
 
     def watchdog(self, poll_secs: float = 0.5,
@@ -210,7 +245,7 @@ class Outage:
             while True:
                 time.sleep(poll_secs)
                 since = self.overdue_since(grace)
-                if since is None or since + self.fault_timeout_secs - self._clock() > -grace:
+                if since is None or since + self.limit_secs - self._clock() > -grace:
                     continue
                 self.begin(since)
                 fault = self.give_up()

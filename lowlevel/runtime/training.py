@@ -161,7 +161,12 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
     `partial`: the chief's restore of a checkpoint that lacks some optimizer state.
     """
     master = server.target if server else ""
-    waits = _ClusterWaits(config, cluster, task, outage) if cluster else None
+    # The chief's restore of a lost session's state has its own deadline (`StateSaver`'s:
+    # a step's, plus 1 s per 20 MB); a wait for the model with every peer answering may
+    # last the bytes' part longer than the fault limit (0 s for a small model).
+    saver_secs = getattr(g.scaffold.saver, "timeout_secs", None)
+    restore_secs = max(0.0, saver_secs - config.step_timeout_secs) if saver_secs else 0.0
+    waits = _ClusterWaits(config, cluster, task, outage, restore_secs) if cluster else None
     wait_for_cluster, cluster_alive, guard = ((waits.wait_for_cluster, waits.cluster_alive,
                                                waits.guard) if waits else (None, None, None))
     if cluster and session_config is not None:
@@ -194,8 +199,9 @@ class _ClusterWaits:
     """
 
     def __init__(self, config: TrainConfig, cluster: Cluster, task: Task,
-                 outage: faults.Outage):
+                 outage: faults.Outage, restore_secs: float = 0.0):
         self._config, self._cluster, self._task, self._outage = config, cluster, task, outage
+        self._restore_secs = restore_secs
         self._sessions = 0
         # The first session's creation may wait for the chief's model for
         # --startup_timeout_secs itself (`WorkerSessionCreator`); past that, and the
@@ -236,8 +242,11 @@ class _ClusterWaits:
                            flag="--fault_timeout_secs", answer=True)
 
     def guard(self) -> None:
-        """Checked while a session is being made: raises past its bound."""
+        """Checked while a session is being made: raises past its bound (a replacement's: the
+        outage limit, extended once by the restore's deadline if every peer answers)."""
         if self._sessions > 1:
+            if self._outage.remaining() <= 0:
+                self._outage.allow_restore(self._restore_secs)
             self._outage.check()
         elif self._first_deadline and time.monotonic() > self._first_deadline:
             silent = self._outage.not_answering()
