@@ -216,6 +216,11 @@ def main(argv) -> int:
     from lowlevel.outputs import export as export_lib
     export_dir = find_export(FLAGS.export_dir)
     meta = export_lib.read_metadata(export_dir)
+    if "field_names" in meta:
+        raise UsageError(f"--export_dir={export_dir}: a click-through model ({meta['dataset']}); "
+                         "lowlevel.predict scores image models. Load it with TensorFlow "
+                         "(tf.compat.v1.saved_model.loader.load, tag serve) and feed its "
+                         "signature's dense, categorical and crosses (docs/models-and-data.md)")
     model = Model(export_dir)
     if FLAGS.input:
         images, labels = read_input(FLAGS.input, model.image_shape)

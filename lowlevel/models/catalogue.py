@@ -14,6 +14,7 @@ each. All variables live under the `model/` variable scope with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import tensorflow as tf
@@ -83,12 +84,15 @@ def model_fn(features, labels, mode, params):
         eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, classes)})
 
 
-def params_for(config, data, partitioner=None, ps_tasks: int = 0) -> dict:
+def params_for(config, data, partitioner=None, ps_tasks: int = 0, local_shards: int = 0) -> dict:
     """`model_fn`'s params for `config`'s model (a `TrainConfig`) on `data` (its classes,
     its click-through fields for wide_deep; with --embedding=dynamic, dynamic tables of
-    one shard per ps task, `ps_tasks`, 0 in one process)."""
-    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2,
-                                dynamic_options(config, ps_tasks))
+    one shard per ps task, `ps_tasks`, 0 in one process; `local_shards` > 0: that many
+    shards in this process, as `dynamic_embeddings.Options` says)."""
+    options = dynamic_options(config, ps_tasks)
+    if options is not None and local_shards:
+        options = dataclasses.replace(options, local_shards=local_shards)
+    sparse = (wide_deep.Spec.of(data, config.embedding_dim, config.embedding_l2, options)
               if config.model == "wide_deep" else None)
     return {"model": config.model, "num_classes": data.num_classes,
             "hidden_units": tuple(config.hidden_units), "seed": config.seed,
@@ -113,9 +117,10 @@ def dynamic_options(config, ps_tasks: int = 0):
                                       config.evict_after_steps, rate, optimizer)
 
 
-def for_config(config, data, partitioner=None, ps_tasks: int = 0):
-    """`inputs -> logits` of `config`'s model on `data`: `model_fn`'s PREDICT-mode logits."""
-    params = params_for(config, data, partitioner, ps_tasks)
+def for_config(config, data, partitioner=None, ps_tasks: int = 0, local_shards: int = 0):
+    """`inputs -> logits` of `config`'s model on `data`: `model_fn`'s PREDICT-mode logits
+    (`params_for` says what `ps_tasks` and `local_shards` do)."""
+    params = params_for(config, data, partitioner, ps_tasks, local_shards)
     return lambda inputs: model_fn(inputs, None, spec_lib.ModeKeys.PREDICT,
                                    params).predictions["logits"]
 

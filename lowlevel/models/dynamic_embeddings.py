@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
@@ -558,6 +559,8 @@ class Options:
         max(1, evict_after_steps // 10) steps.
       learning_rate, optimizer: the rows' optimizer ("adagrad" or "adam", `SLOTS`) and
         its learning rate.
+      local_shards: > 0: that many shards, all in this process (an export or evaluation
+        of a checkpoint written with that many ps tasks: `shards_in`); ps_tasks unused.
     """
 
     ps_tasks: int
@@ -566,9 +569,12 @@ class Options:
     evict_after_steps: int = 0
     learning_rate: float = 0.1
     optimizer: str = "adagrad"
+    local_shards: int = 0
 
     def devices(self) -> list:
         """One device per shard."""
+        if self.local_shards:
+            return [None] * self.local_shards
         if not self.ps_tasks:
             return [None]
         return [f"/job:ps/task:{i}/device:CPU:0" for i in range(self.ps_tasks)]
@@ -615,6 +621,18 @@ class FieldTables:
         step = v1.train.get_global_step()
         step = tf.constant(0, tf.int64) if step is None else tf.convert_to_tensor(step)
         return self.table.lookup(self.keys(ids), step)
+
+
+def shards_in(checkpoint_path: str) -> int:
+    """The shards per dynamic table in checkpoint `checkpoint_path` (the ps tasks that wrote
+    it: a shard's snapshot is `<table>/shard<K>/-keys`); 0 for a checkpoint without any.
+
+    Raises:
+      tf.errors.OpError: the checkpoint cannot be read.
+    """
+    found = [int(m.group(1)) for name, _ in tf.train.list_variables(checkpoint_path)
+             for m in [re.search(r"/shard(\d+)/-keys$", name)] if m]
+    return max(found) + 1 if found else 0
 
 
 def live_rows() -> dict:
