@@ -123,3 +123,29 @@ def test_a_model_over_the_export_limit_is_not_exported_and_leaves_nothing(tmp_pa
     assert not os.path.exists(base) or os.listdir(base) == []
     monkeypatch.undo()
     assert export.export(path, base, config, data) == os.path.join(base, "7")
+
+
+@pytest.mark.cluster  # starts trainer processes
+@pytest.mark.timeout(420)
+def test_dynamic_tables_of_two_ps_evaluate_standalone_and_refuse_one_ps(tmp_path):
+    """The evaluator (no server) builds as many shards as the checkpoint holds and scores it
+    as the chief does; a restart with fewer ps tasks stops with a line instead of restoring
+    half the rows (before: the evaluator restored shard 0 only, test AUC 0.733 for the
+    chief's 0.796, and said nothing)."""
+    from lowlevel import output_layout
+    out = tmp_path / "out"
+    dynamic = ["--embedding=dynamic", "--dynamic_capacity=100000", "--keep_exports=0"]
+    metrics = _launch(out, *dynamic, "--evaluator", "--save_checkpoint_steps=100")
+    with open(output_layout.eval_records(str(out), False)) as f:
+        final = [r for r in json.load(f) if r["global_step"] == STEPS][0]
+    assert abs(final["auc"] - metrics["auc"]) <= 1e-6, (final, metrics["auc"])
+    assert final["dynamic_rows"] == metrics["dynamic_rows"]
+
+    result = subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                             *COMMON[:4], "--num_ps=1", "--num_workers=1",
+                             f"--train_steps={2 * STEPS}", *dynamic], cwd=clusters.ROOT,
+                            env=clusters.ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "holds dynamic embedding tables in 2 shards" in result.stdout + result.stderr
+    assert "--num_ps=2" in result.stdout + result.stderr
+    assert clusters.final_metrics(out)["global_step"] == STEPS  # nothing trained over it

@@ -186,11 +186,28 @@ def check_compatible(checkpoint_dir: Optional[str], variables, path: Optional[st
                                      f"but {dtype.name} in this model: {advice}")
     optional = set(optional)
     foreign = set(shapes) - set(wanted)
+    _check_dynamic_shards(foreign, shapes, where)
     for name, (mine, _) in wanted.items():
         if name not in shapes and (name not in optional or foreign):
             raise CheckpointMismatch(f"{where} has no variable {name} (shape {mine} in this "
                                      f"model): {advice}")
     return path
+
+
+def _check_dynamic_shards(foreign, names, where: str) -> None:
+    """Raises `CheckpointMismatch` if the checkpoint holds dynamic embedding shards this
+    model lacks: a restore would leave their rows out, silently (a table restores with the
+    same number of ps tasks only; `dynamic_embeddings`)."""
+    extra = sorted(n for n in foreign if re.search(r"/shard\d+/-keys$", n))
+    if not extra:
+        return
+    shards = max(int(re.search(r"/shard(\d+)/-keys$", n).group(1)) for n in names
+                 if re.search(r"/shard\d+/-keys$", n)) + 1
+    raise CheckpointMismatch(
+        f"{where} holds dynamic embedding tables in {shards} shards (written by {shards} ps "
+        f"tasks), and this model has fewer ({extra[0].rpartition('/-')[0]} is not in it): a "
+        f"dynamic table restores with the same number of ps tasks only; run with "
+        f"--num_ps={shards}, or use a new --output_dir")
 
 
 def missing_names(path: str, variables) -> list[str]:

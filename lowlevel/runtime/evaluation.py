@@ -8,6 +8,7 @@ evaluator task (`continuous_eval`) evaluates each checkpoint as it appears.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -142,9 +143,9 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
     training split) and appends a record to `eval_metrics.json` there:
     global_step, loss (mean cross-entropy), accuracy (fraction), num_examples,
     split, checkpoint. With `config.export_every_checkpoint` it also exports each
-    checkpoint as a SavedModel (`lowlevel.outputs.export`).
-
-    Every read and write of `config.output_dir` is bounded (`_bounded_io`).
+    checkpoint as a SavedModel (`lowlevel.outputs.export`). Every read and write of
+    `config.output_dir` is bounded (`_bounded_io`). The graph is built at the first
+    checkpoint (`_built_at`: dynamic tables need its number of shards).
 
     Returns:
       The record of the checkpoint whose global_step is >= `config.train_steps`.
@@ -154,10 +155,8 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
       errors.StorageTimeout: a read or write in `config.output_dir` did not complete in time.
       errors.CheckpointMismatch: a checkpoint of another model.
     """
-    split_name = "train" if on_train_data else "test"
-    split = data.train if on_train_data else data.test
+    split_name, split = ("train", data.train) if on_train_data else ("test", data.test)
     eval_dir = output_layout.eval_dir(config.output_dir, on_train_data)
-    graph, global_step, ops, variables, saver = _eval_graph(config, data, split)
     os.makedirs(eval_dir, exist_ok=True)
     records_path = output_layout.eval_records(config.output_dir, on_train_data)
     records = _read_records(records_path)
@@ -165,9 +164,12 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
                  "examples) until global step %d", config.output_dir, split_name, len(split),
                  config.train_steps)
     writer = v1.summary.FileWriter(eval_dir, graph=None)
+    built = None  # at the first checkpoint
     try:
-        with v1.Session(graph=graph, config=session_config) as sess:
+        with contextlib.ExitStack() as stack:
             for path in _checkpoints(config):
+                built = built or _built_at(path, stack, config, data, split, session_config)
+                _, global_step, ops, variables, saver, sess = built
                 if not _restored(saver, sess, config, variables, path):
                     continue
                 step = int(sess.run(global_step))
@@ -182,10 +184,7 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
     finally:
         _bounded_io(writer.close, eval_dir, config.fault_timeout_secs,
                     "closing the summaries in", "--fault_timeout_secs")
-    raise errors.EvalTimeout(
-        f"evaluator: no new checkpoint in {config.output_dir} for {config.eval_timeout_secs:g} "
-        f"s (--eval_timeout_secs) before the one of global step {config.train_steps}: is the "
-        "chief running?")
+    raise _no_final_checkpoint(config)
 
 
 def continuous_eval_model(config: TrainConfig, model, eval_input_fn) -> dict:
@@ -227,7 +226,12 @@ def continuous_eval_model(config: TrainConfig, model, eval_input_fn) -> dict:
             f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
         if record["global_step"] >= config.train_steps:
             return record
-    raise errors.EvalTimeout(
+    raise _no_final_checkpoint(config)
+
+
+def _no_final_checkpoint(config: TrainConfig) -> errors.EvalTimeout:
+    """The evaluator's error when the final checkpoint did not come in time."""
+    return errors.EvalTimeout(
         f"evaluator: no new checkpoint in {config.output_dir} for {config.eval_timeout_secs:g} "
         f"s (--eval_timeout_secs) before the one of global step {config.train_steps}: is the "
         "chief running?")
@@ -267,12 +271,25 @@ def _checkpoints(config: TrainConfig):
         yield path
 
 
-def _eval_graph(config: TrainConfig, data, split):
-    """(graph, global_step, eval ops, variables, their saver): the evaluator's finalised graph."""
+def _built_at(path: str, stack: contextlib.ExitStack, config: TrainConfig, data, split,
+              session_config) -> tuple:
+    """`_eval_graph`'s tuple and a session on it (closed with `stack`), built for the first
+    checkpoint, `path`: dynamic tables get as many shards as the ps tasks that wrote it."""
+    def shards() -> int:
+        return dynamic_embeddings.shards_in(path) if config.embedding == "dynamic" else 0
+    count = _bounded_io(shards, path, config.fault_timeout_secs, "reading",
+                        "--fault_timeout_secs")
+    built = _eval_graph(config, data, split, count)
+    return (*built, stack.enter_context(v1.Session(graph=built[0], config=session_config)))
+
+
+def _eval_graph(config: TrainConfig, data, split, shards: int = 0):
+    """(graph, global_step, eval ops, variables, their saver): the evaluator's finalised graph,
+    its dynamic tables (if any) in `shards` shards in this process (0: one)."""
     graph = tf.Graph()
     with graph.as_default():
         global_step = v1.train.get_or_create_global_step()
-        ops = build(data, split, models.for_config(config, data))
+        ops = build(data, split, models.for_config(config, data, local_shards=shards))
         # the checkpoint's names (dynamic embedding shards: their snapshots)
         variables = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
         saver = v1.train.Saver(variables)
