@@ -79,7 +79,8 @@ def test_training_figures_come_from_the_hook_and_the_events():
     progress.step_secs.append(0.003)  # the next scrape folds in only the new ones
     assert value(scrape(m)[1], "lowlevel_step_duration_seconds_count") == 5
     m.on_event("progress", 1300, {"loss": 0.25, "examples_per_sec": 9000.0,
-                                  "train_steps": 2000})
+                                  "train_steps": 2000,
+                                  "dynamic_rows": {"model/deep/embeddings/shard1": 20632}})
     m.on_event("checkpoint_saved", 1300, {"path": "model.ckpt-1300"})
     m.on_event("fault_noticed", 1301, {"error": "UnavailableError"})
     m.on_event("fault_noticed", 1302, {"error": "UnavailableError"})
@@ -88,6 +89,8 @@ def test_training_figures_come_from_the_hook_and_the_events():
     assert value(text, "lowlevel_loss") == 0.25
     assert value(text, "lowlevel_cluster_examples_per_second") == 9000
     assert value(text, "lowlevel_train_steps") == 2000
+    assert value(text, "lowlevel_dynamic_embedding_rows",
+                 shard="model/deep/embeddings/shard1") == 20632
     assert value(text, "lowlevel_checkpoint_saves_total") == 1
     assert value(text, "lowlevel_faults_total", kind="fault_noticed") == 2
     assert value(text, "lowlevel_faults_total", kind="recovered") == 1

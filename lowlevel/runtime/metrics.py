@@ -99,6 +99,10 @@ class TaskMetrics:
                                      "at.", registry=r)
             self.checkpoint_saves = Counter("lowlevel_checkpoint_saves", "Checkpoints this "
                                             "task saved (the chief).", registry=r)
+            self.dynamic_rows = Gauge("lowlevel_dynamic_embedding_rows", "Live rows (admitted "
+                                      "ids) of each dynamic embedding shard at the last "
+                                      "progress line (--embedding=dynamic).", ["shard"],
+                                      registry=r)
         if job == "evaluator":
             self.eval_step = Gauge("lowlevel_eval_global_step", "Global step of the checkpoint "
                                    "the evaluator evaluated last.", ["split"], registry=r)
@@ -137,6 +141,8 @@ class TaskMetrics:
                 self.examples_rate.set(fields["examples_per_sec"])
             if fields.get("train_steps") is not None:
                 self.train_steps.set(fields["train_steps"])
+            for shard, rows in (fields.get("dynamic_rows") or {}).items():
+                self.dynamic_rows.labels(shard).set(rows)
         elif event == "checkpoint_saved" and self.job in ("chief", "worker"):
             self.checkpoint_saves.inc()
         if event in FAULT_EVENTS:
