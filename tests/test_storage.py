@@ -181,10 +181,14 @@ def test_remove_partial_removes_only_temporary_files(tmp_path):
 
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
-def test_an_evaluator_whose_checkpoint_read_hangs_exits_200_naming_it(tmp_path):
+@pytest.mark.parametrize("model", [[], ["--model=wide_deep", "--dataset=synthetic_ctr",
+                                        "--vocab_size=1000", "--embedding=dynamic"]],
+                         ids=["mlp", "dynamic_tables"])
+def test_an_evaluator_whose_checkpoint_read_hangs_exits_200_naming_it(tmp_path, model):
     """A read that blocks in the kernel with no deadline, as on a hung NFS mount: the
     checkpoint's index is a FIFO no one writes. The evaluator gives up after
-    --fault_timeout_secs with status 200, naming the checkpoint, instead of hanging."""
+    --fault_timeout_secs with status 200, naming the checkpoint, instead of hanging (with
+    dynamic tables the first read is of the shard count, before the graph is built)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-5"\n'
@@ -194,7 +198,7 @@ def test_an_evaluator_whose_checkpoint_read_hangs_exits_200_naming_it(tmp_path):
     log = tmp_path / "evaluator.log"
     proc = clusters.start([sys.executable, "-m", "lowlevel.trainer", "--schedule=continuous_eval",
                            f"--output_dir={out}", "--train_steps=10", "--fault_timeout_secs=5",
-                           "--eval_timeout_secs=60"], log)
+                           "--eval_timeout_secs=60", *model], log)
     code, _ = clusters.wait_all({"evaluator": proc}, 150)["evaluator"]
     assert code == 200, (code, clusters.tail(log))
     last = [line for line in clusters.tail(log).splitlines() if line.strip()][-1]

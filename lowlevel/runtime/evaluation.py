@@ -276,7 +276,10 @@ def _built_at(path: str, stack: contextlib.ExitStack, config: TrainConfig, data,
     """`_eval_graph`'s tuple and a session on it (closed with `stack`), built for the first
     checkpoint, `path`: dynamic tables get as many shards as the ps tasks that wrote it."""
     def shards() -> int:
-        return dynamic_embeddings.shards_in(path) if config.embedding == "dynamic" else 0
+        if config.embedding != "dynamic":
+            return 0
+        _read_index(path)  # a hang shows here, not in the reader holding the GIL
+        return dynamic_embeddings.shards_in(path)
     count = _bounded_io(shards, path, config.fault_timeout_secs, "reading",
                         "--fault_timeout_secs")
     built = _eval_graph(config, data, split, count)
@@ -328,12 +331,17 @@ def _restore(saver, sess, output_dir: str, variables, path: str) -> None:
     there (measured: a FIFO as the index, tests/test_storage.py); the reader then
     finds it in the page cache.
     """
+    _read_index(path)
+    checkpoints.check_compatible(output_dir, variables, path)
+    saver.restore(sess, path)
+
+
+def _read_index(path: str) -> None:
+    """Reads checkpoint `path`'s index through `tf.io.gfile` (which lets go of the GIL)."""
     index = path + ".index"
     if tf.io.gfile.exists(index):
         with tf.io.gfile.GFile(index, "rb") as f:
             f.read()
-    checkpoints.check_compatible(output_dir, variables, path)
-    saver.restore(sess, path)
 
 
 def _write(writer, record: dict, records_path: str, records: list) -> None:
