@@ -34,6 +34,25 @@ def import_tensorflow(verbose: bool = False):
     Args:
       verbose: keep TensorFlow's C++ and Python log output.
     """
+    tf = import_quietly(verbose)
+    # Quiet too: the first call makes TensorFlow's context, which looks for CUDA ("failed
+    # call to cuInit" without a GPU) where the import has not already done so.
+    with contextlib.nullcontext() if verbose else _quiet_stderr():
+        if tf.executing_eagerly():
+            tf.compat.v1.disable_eager_execution()
+    tf.get_logger().setLevel("INFO" if verbose else "ERROR")
+    return tf
+
+
+def import_quietly(verbose: bool = False):
+    """Returns the `tensorflow` module, imported (the first time) as `import_tensorflow` does
+    it, Keras skipped and start-up noise hidden, but otherwise left as a plain `import
+    tensorflow` leaves it: eager, its logger untouched. (The tests' fork server imports it
+    so, for processes that each set their own mode: tests/prefork.py.)
+
+    Args:
+      verbose: keep TensorFlow's C++ log output.
+    """
     if "tensorflow" not in sys.modules:
         skip_keras()
         if not verbose:
@@ -41,10 +60,6 @@ def import_tensorflow(verbose: bool = False):
         with contextlib.nullcontext() if verbose else _quiet_stderr():
             import tensorflow  # noqa: F401
     import tensorflow as tf
-
-    if tf.executing_eagerly():
-        tf.compat.v1.disable_eager_execution()
-    tf.get_logger().setLevel("INFO" if verbose else "ERROR")
     return tf
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import prefork
 import psutil
 
 from lowlevel import events, output_layout
@@ -22,11 +23,18 @@ def trainer_argv(ps_hosts, worker_hosts, job_name, task_index, *flags):
             f"--task_index={task_index}", *flags]
 
 
-def start(argv, log_path, env=None):
-    """Starts a process with stdout+stderr to `log_path`; returns the Popen."""
-    log = open(log_path, "w")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=dict(ENV, **(env or {})), stdin=subprocess.DEVNULL)
+def start(argv, log_path, env=None, append=False, cold=False):
+    """Starts a process from the project root with stdout+stderr to `log_path` (appended to
+    with `append`), forked from one TensorFlow import where it can be (`prefork`; never
+    with `cold`); returns its Popen-like handle."""
+    return prefork.start(argv, log_path, env=dict(ENV, **(env or {})), append=append,
+                         cold=cold)
+
+
+def run(argv, timeout, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, capture_output=True, text=True, timeout=timeout)` from the
+    project root, forked from one TensorFlow import where it can be (`prefork`)."""
+    return prefork.run(argv, env=dict(ENV, **(env or {})), cwd=cwd, timeout=timeout)
 
 
 def wait_all(procs: dict, timeout_secs: float) -> dict:
@@ -49,6 +57,12 @@ def wait_all(procs: dict, timeout_secs: float) -> dict:
             proc.wait()
             done[name] = (None, time.time())
     return done
+
+
+def argv_of(proc: psutil.Process) -> list[str]:
+    """A process's command line as words, whether its title was set as one string in a
+    longer argument area (a task forked by `prefork` or from a forked launcher) or not."""
+    return " ".join(proc.cmdline()).split()
 
 
 def leftovers(out) -> list:

@@ -12,6 +12,14 @@ from lowlevel.tf_import import import_tensorflow  # noqa: E402
 import_tensorflow()
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Kills the forked processes a test left running (by PID), so that the session ends."""
+    import prefork
+    left = prefork.close_all()
+    if left:
+        print(f"\nprefork: killed {len(left)} forked process(es) left running: {left}")
+
+
 @pytest.fixture
 def ports():
     """A function returning n distinct free loopback ports."""

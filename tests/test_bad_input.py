@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
@@ -141,10 +140,8 @@ def _set_up(kind, tmp_path, out, values):
     if kind == "plain_file":
         (tmp_path / "file").write_text("a file, not a directory")
     if kind == "mlp_checkpoint":
-        result = subprocess.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
-                                 "--train_steps=20", "--hidden_units=128,128"],
-                                cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                                text=True, timeout=100)
+        result = clusters.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
+                               "--train_steps=20", "--hidden_units=128,128"], timeout=100)
         assert result.returncode == 0, result.stderr[-2000:]
     return None
 
@@ -186,9 +183,8 @@ def test_bad_input_ends_in_one_clear_line(case, tmp_path, ports):
             argv.append(f"--output_dir={out}")
         env = {"TF_CONFIG": _fill(tf_config, values)} if tf_config else {}
         before = _snapshot(out)
-        result = subprocess.run([sys.executable, "-m", "lowlevel.trainer", *argv],
-                                cwd=clusters.ROOT, env=dict(clusters.ENV, **env),
-                                capture_output=True, text=True, timeout=120)
+        result = clusters.run([sys.executable, "-m", "lowlevel.trainer", *argv], timeout=120,
+                              env=env)
     finally:
         if keep is not None:
             keep.close()

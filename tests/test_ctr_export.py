@@ -38,9 +38,8 @@ SCORE = textwrap.dedent("""
 
 
 def _launch(out, *flags):
-    result = subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                             *COMMON, *flags], cwd=clusters.ROOT, env=clusters.ENV,
-                            capture_output=True, text=True, timeout=300)
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           *COMMON, *flags], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert not clusters.leftovers(out)
     return clusters.final_metrics(out)
@@ -90,9 +89,8 @@ def test_plain_tensorflow_serves_the_export_at_the_chiefs_test_auc(embedding, te
     assert metrics["auc"] >= 0.75
 
     # lowlevel.predict scores image models; on this export it says what to do instead.
-    result = subprocess.run([sys.executable, "-m", "lowlevel.predict",
-                             f"--export_dir={tmp_path / 'out'}"], cwd=clusters.ROOT,
-                            env=clusters.ENV, capture_output=True, text=True, timeout=120)
+    result = clusters.run([sys.executable, "-m", "lowlevel.predict",
+                           f"--export_dir={tmp_path / 'out'}"], timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "a click-through model (synthetic_ctr)" in result.stderr
     assert "dense, categorical and crosses" in result.stderr
@@ -141,10 +139,9 @@ def test_dynamic_tables_of_two_ps_evaluate_standalone_and_refuse_one_ps(tmp_path
     assert abs(final["auc"] - metrics["auc"]) <= 1e-6, (final, metrics["auc"])
     assert final["dynamic_rows"] == metrics["dynamic_rows"]
 
-    result = subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                             *COMMON[:4], "--num_ps=1", "--num_workers=1",
-                             f"--train_steps={2 * STEPS}", *dynamic], cwd=clusters.ROOT,
-                            env=clusters.ENV, capture_output=True, text=True, timeout=300)
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           *COMMON[:4], "--num_ps=1", "--num_workers=1",
+                           f"--train_steps={2 * STEPS}", *dynamic], timeout=300)
     assert result.returncode != 0
     assert "holds dynamic embedding tables in 2 shards" in result.stdout + result.stderr
     assert "--num_ps=2" in result.stdout + result.stderr

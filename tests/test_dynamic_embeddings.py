@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from clusters import ROOT, final_metrics, task_events
+from clusters import ROOT, final_metrics, run, task_events
 from lowlevel.data import ctr as ctr_data
 from lowlevel.models import dynamic_embeddings as de
 
@@ -314,9 +314,8 @@ def test_two_workers_graphs_reach_the_same_shard_on_a_server():
 
 def _launch(out, *flags, timeout=900):
     """`python -m lowlevel.launch` (1 ps + 2 workers) to the end; the launcher ends its tasks."""
-    return subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                           *flags], check=False, capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    return run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                *flags], timeout=timeout)
 
 
 def _checkpoint_shards(out) -> dict:

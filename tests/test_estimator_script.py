@@ -12,9 +12,10 @@ it, the user gets one line naming the extra. Each test starts a process.
 import json
 import os
 import re
-import subprocess
 import sys
 
+import clusters
+import prefork
 import pytest
 from estimator_support import SCRIPTS, fixture
 
@@ -24,12 +25,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(script, model_dir, *args, timeout=300):
     """Runs a reference script under lowlevel.estimator; (returncode, RESULT dict, output)."""
-    env = dict(os.environ)
+    env = dict(clusters.ENV)
     env.pop("TF_CONFIG", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "lowlevel.estimator", os.path.join(SCRIPTS, script),
-         f"--model_dir={model_dir}", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    result = prefork.run([sys.executable, "-m", "lowlevel.estimator",
+                          os.path.join(SCRIPTS, script), f"--model_dir={model_dir}", *args],
+                          env=env, timeout=timeout)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     out = json.loads(lines[-1][len("RESULT "):]) if lines else None
     return result.returncode, out, result.stdout + result.stderr
@@ -105,11 +105,10 @@ def test_layers_script_without_tf_keras_names_the_extra_in_one_line(tmp_path):
 
 
 def test_usage_and_missing_script():
-    help_run = subprocess.run([sys.executable, "-m", "lowlevel.estimator", "--help"],
-                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+    help_run = clusters.run([sys.executable, "-m", "lowlevel.estimator", "--help"], timeout=60)
     assert help_run.returncode == 0 and help_run.stdout.startswith("usage: ")
-    missing = subprocess.run([sys.executable, "-m", "lowlevel.estimator", "/nonexistent.py"],
-                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    missing = clusters.run([sys.executable, "-m", "lowlevel.estimator", "/nonexistent.py"],
+                           timeout=60)
     assert missing.returncode == 2 and "no such script" in missing.stderr
 
 
@@ -132,8 +131,8 @@ print("ALIASES", same, tf.executing_eagerly(), __name__, sys.argv[1:])
 def test_every_import_form_names_lowlevel_estimator(tmp_path):
     script = tmp_path / "aliases.py"
     script.write_text(ALIAS_SCRIPT)
-    result = subprocess.run([sys.executable, "-m", "lowlevel.estimator", str(script), "a", "-b"],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = clusters.run([sys.executable, "-m", "lowlevel.estimator", str(script), "a", "-b"],
+                          timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     line = [x for x in result.stdout.splitlines() if x.startswith("ALIASES")]
     assert line == ["ALIASES [True, True, True, True, True, True, True] True __main__ "

@@ -27,17 +27,14 @@ def run(tmp_path_factory):
     argv = [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", "--evaluator",
             "--export_every_checkpoint", "--keep_exports=2", f"--train_steps={TRAIN_STEPS}",
             "--save_checkpoint_steps=200", "--log_every_secs=1"]
-    result = subprocess.run(argv, cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                            text=True, timeout=240)
+    result = clusters.run(argv, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert not clusters.leftovers(out)
     return str(out), clusters.final_metrics(out), result.stdout
 
 
 def _predict(*flags, timeout=120):
-    return subprocess.run([sys.executable, "-m", "lowlevel.predict", *flags],
-                          cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    return clusters.run([sys.executable, "-m", "lowlevel.predict", *flags], timeout=timeout)
 
 
 @pytest.mark.cluster  # starts trainer processes
@@ -215,9 +212,8 @@ def test_a_finished_run_without_an_export_gets_one_when_restarted(tmp_path):
     out = tmp_path / "out"
 
     def trainer(*flags):
-        return subprocess.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
-                               "--train_steps=50", *flags], cwd=clusters.ROOT,
-                              env=clusters.ENV, capture_output=True, text=True, timeout=120)
+        return clusters.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
+                             "--train_steps=50", *flags], timeout=120)
 
     first = trainer("--keep_exports=0")
     assert first.returncode == 0, first.stderr[-3000:]

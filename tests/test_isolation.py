@@ -38,7 +38,7 @@ def _connects(port: int) -> bool:
 def _ps_port(launcher: psutil.Process):
     for child in launcher.children():
         try:
-            cmdline = child.cmdline()
+            cmdline = clusters.argv_of(child)
         except psutil.Error:
             continue
         if "--job_name=ps" in cmdline:
@@ -52,10 +52,8 @@ def test_default_launch_cannot_be_reached_from_outside_and_trains(tmp_path):
     if os.geteuid() != 0 and shutil.which("nsenter") is None:
         pytest.skip("needs root and nsenter to look inside the launcher's namespace")
     out, log = tmp_path / "run", tmp_path / "launch.log"
-    proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                             f"--train_steps={STEPS}", "--save_checkpoint_steps=500"],
-                            cwd=clusters.ROOT, env=clusters.ENV, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT)
+    proc = clusters.start([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           f"--train_steps={STEPS}", "--save_checkpoint_steps=500"], log)
     try:
         deadline = time.monotonic() + 240
         while not clusters.task_events(out, "worker1", "session_ready"):
@@ -92,10 +90,8 @@ def test_default_launch_cannot_be_reached_from_outside_and_trains(tmp_path):
 @pytest.mark.timeout(300)
 def test_no_isolation_runs_on_the_hosts_network(tmp_path):
     out = tmp_path / "run"
-    run = subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                          "--train_steps=200", "--no_isolation", "--num_workers=1"],
-                         cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True,
-                         timeout=240)
+    run = clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                        "--train_steps=200", "--no_isolation", "--num_workers=1"], timeout=240)
     assert run.returncode == 0, run.stdout[-3000:]
     first = run.stdout.splitlines()[0]
     assert "on localhost; output in" in first and "namespace" not in first, first

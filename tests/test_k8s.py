@@ -36,9 +36,8 @@ CRD_SCHEMA = os.path.join(os.path.dirname(__file__), "schemas", "tfjob-v1-crd-sc
 
 
 def generate(fmt, *flags):
-    return subprocess.run([sys.executable, "-m", "lowlevel.tf_configs", f"--format={fmt}",
-                           *flags], cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                          text=True, timeout=60)
+    return clusters.run([sys.executable, "-m", "lowlevel.tf_configs", f"--format={fmt}",
+                         *flags], timeout=60)
 
 
 def documents(fmt, *flags, layout=LAYOUT):
@@ -417,9 +416,7 @@ def test_generator_usage_errors(flags, needle):
 
 
 def test_help_lists_every_kubernetes_flag():
-    result = subprocess.run([sys.executable, "-m", "lowlevel.tf_configs", "--help"],
-                            cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True,
-                            timeout=60)
+    result = clusters.run([sys.executable, "-m", "lowlevel.tf_configs", "--help"], timeout=60)
     for flag in ("--cpu", "--memory", "--cpu_limits", "--max_restarts", "--metrics_port",
                  "--pod_monitor", "--run_as_user", "--fs_group", "--gpu_image",
                  "--active_deadline_secs", "--run_id"):

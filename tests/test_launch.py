@@ -3,7 +3,6 @@
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -16,9 +15,8 @@ pytestmark = pytest.mark.cluster  # every test here starts trainer processes
 
 
 def _launch(out, *flags, timeout=240):
-    return subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                           *flags], cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                         *flags], timeout=timeout)
 
 
 @pytest.mark.timeout(400)
@@ -84,9 +82,9 @@ def test_a_failing_task_stops_the_others_and_the_launcher_fails(tmp_path, start)
 @pytest.mark.timeout(120)
 def test_sigterm_stops_every_task(tmp_path):
     out = tmp_path / "term"
-    proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                             "--train_steps=1000000"], cwd=clusters.ROOT, env=clusters.ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Cold, as a user starts it: what its tasks show in ps is part of what is checked.
+    proc = clusters.start([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           "--train_steps=1000000"], os.devnull, cold=True)
     try:
         deadline = time.monotonic() + 90
         while not clusters.task_events(out, "worker0", "progress") and \

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 
+import clusters
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +153,6 @@ def test_every_cli_help_lists_its_own_flags(command, own_flag):
 
 
 def test_the_trainers_flags_are_shown_by_the_launcher_that_passes_them_on():
-    result = subprocess.run([sys.executable, "-m", "lowlevel.launch", "--help"],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", "--help"], timeout=120)
     assert "lowlevel.trainer (passed on):" in result.stdout
     assert "--step_timeout_secs" in result.stdout

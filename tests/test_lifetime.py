@@ -5,7 +5,6 @@ when it is preempted. Real processes; the tasks' events say what happened."""
 import glob
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -33,10 +32,9 @@ def _poll(predicate, timeout_secs, what, context=lambda: ""):
 @pytest.mark.timeout(180)
 def test_sigkill_of_the_launcher_ends_every_task(tmp_path):
     out = tmp_path / "run"
-    launcher = subprocess.Popen(
+    launcher = clusters.start(
         [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", "--train_steps=1000000",
-         "--log_every_secs=0.5"], cwd=clusters.ROOT, env=clusters.ENV,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--log_every_secs=0.5"], os.devnull)
     try:
         _poll(lambda: clusters.task_events(out, "worker1", "progress"), 120, "progress")
         children = psutil.Process(launcher.pid).children()

@@ -6,7 +6,6 @@ worker run is found by the probe, killed and started again, as the kubelet and t
 or the training operator would, and the run recovers to its exact last step."""
 
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,10 +21,9 @@ from lowlevel.ops import k8s
 
 def manifest_probes():
     """The liveness and startup probes of a generated ps pod."""
-    result = subprocess.run(
-        [sys.executable, "-m", "lowlevel.tf_configs", "--format=k8s", "--name=r",
-         "--image=i:1", "--pvc=p", "--output_dir=/o", "--namespace=ml"],
-        cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True, timeout=60)
+    result = clusters.run([sys.executable, "-m", "lowlevel.tf_configs", "--format=k8s", "--name=r",
+                           "--image=i:1", "--pvc=p", "--output_dir=/o", "--namespace=ml"],
+                          timeout=60)
     assert result.returncode == 0, result.stderr
     job = next(d for d in yaml.safe_load_all(result.stdout)
                if d["kind"] == "Job" and d["metadata"]["name"] == "r-ps-0")
@@ -128,9 +126,7 @@ class Kubelet(threading.Thread):
                 self.restarts.append(time.time())
                 with open(self.log, "a") as f:
                     f.write("kubelet: liveness probe failed; container restarted\n")
-                self.proc = subprocess.Popen(self.argv, stdout=open(self.log, "a"),
-                                             stderr=subprocess.STDOUT, cwd=clusters.ROOT,
-                                             env=clusters.ENV, stdin=subprocess.DEVNULL)
+                self.proc = clusters.start(self.argv, self.log, append=True)
                 failures = 0
 
 
@@ -155,9 +151,7 @@ class Operator(threading.Thread):
             self.restarts += 1
             with open(self.log, "a") as f:
                 f.write("operator: exit status 200 (retryable); pod restarted\n")
-            self.proc = subprocess.Popen(self.argv, stdout=open(self.log, "a"),
-                                         stderr=subprocess.STDOUT, cwd=clusters.ROOT,
-                                         env=clusters.ENV, stdin=subprocess.DEVNULL)
+            self.proc = clusters.start(self.argv, self.log, append=True)
 
     def stop(self):
         self.halt.set()

@@ -2,7 +2,6 @@
 with 2 ps tasks, and the evaluator on the training split (continuous_eval_on_train_data)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -16,10 +15,9 @@ STEPS = 600
 
 
 def _launch(out, *flags):
-    result = subprocess.run(
-        [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", f"--train_steps={STEPS}",
-         "--save_checkpoint_steps=200", "--log_every_secs=1", *flags],
-        cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True, timeout=200)
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           f"--train_steps={STEPS}", "--save_checkpoint_steps=200",
+                           "--log_every_secs=1", *flags], timeout=200)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     return clusters.final_metrics(out)
 
@@ -56,10 +54,9 @@ def test_each_optimizer_trains_in_a_real_cluster(tmp_path, optimizer, flags, slo
         assert not any("/local" in n for n in names), sorted(names)
         # continuous_eval_on_train_data, in-process on the finished run: every checkpoint
         # evaluated on the training split, the last one at --train_steps, then exit 0.
-        result = subprocess.run(
-            [sys.executable, "-m", "lowlevel.trainer", "--schedule=continuous_eval_on_train_data",
-             f"--output_dir={out}", f"--train_steps={STEPS}", "--eval_timeout_secs=30"],
-            cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True, timeout=120)
+        result = clusters.run([sys.executable, "-m", "lowlevel.trainer",
+                               "--schedule=continuous_eval_on_train_data", f"--output_dir={out}",
+                               f"--train_steps={STEPS}", "--eval_timeout_secs=30"], timeout=120)
         assert result.returncode == 0, result.stderr[-3000:]
         records = clusters.eval_metrics(out, "eval_train")
         assert records[-1]["global_step"] == STEPS and records[-1]["accuracy"] >= 0.85, records

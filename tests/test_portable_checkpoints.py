@@ -2,7 +2,6 @@
 cluster shape or process resumes in any other (real clusters, one output_dir)."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -64,15 +63,13 @@ def test_every_mode_saves_the_same_names_and_shapes(optimizer, digits, collect_g
 def _launch(out, steps, *flags, timeout=200):
     argv = [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
             f"--train_steps={steps}", "--save_checkpoint_steps=100", "--keep_exports=0", *flags]
-    return subprocess.run(argv, cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return clusters.run(argv, timeout=timeout)
 
 
 def _in_process(out, steps, *flags, timeout=120):
     argv = [sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
             f"--train_steps={steps}", "--keep_exports=0", *flags]
-    return subprocess.run(argv, cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return clusters.run(argv, timeout=timeout)
 
 
 def _slots(path) -> dict:

@@ -4,9 +4,9 @@ model with them as without them. (The bytes they save are measured on the wire b
 tests/test_throughput.py against `mlp_step_floats`.)"""
 
 import os
-import subprocess
 import sys
 
+import clusters
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -115,17 +115,17 @@ def test_the_exact_graph_computes_the_chosen_products_on_the_ps():
 
 
 def _train(out, *flags):
-    done = subprocess.run(
-        [sys.executable, "-m", "lowlevel.launch", "--num_ps=1", "--num_workers=1",
-         "--no_isolation", "--model=mlp", "--dataset=synthetic", "--hidden_units=512,512",
-         "--batch_size=128", "--train_steps=300", "--seed=3", "--save_checkpoint_steps=100",
-         # One intra-op thread on the ps and the worker alike. By default the worker gets the
-         # cores (2 here) and the ps 1, and Eigen's matmul (TensorFlow's CPU kernel without
-         # oneDNN, e.g. on a CPU without AVX-512) rounds differently with 1 and 2 threads;
-         # training amplifies that 1-ulp difference at step 1 to ~0.05 by step 300, with or
-         # without the products on the ps (--ps_products=false alone, 1 vs 2 threads).
-         "--intra_op_threads=1",
-         f"--output_dir={out}", *flags], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    argv = [sys.executable, "-m", "lowlevel.launch", "--num_ps=1", "--num_workers=1",
+            "--no_isolation", "--model=mlp", "--dataset=synthetic", "--hidden_units=512,512",
+            "--batch_size=128", "--train_steps=300", "--seed=3", "--save_checkpoint_steps=100",
+            # One intra-op thread on the ps and the worker alike. By default the worker gets the
+            # cores (2 here) and the ps 1, and Eigen's matmul (TensorFlow's CPU kernel without
+            # oneDNN, e.g. on a CPU without AVX-512) rounds differently with 1 and 2 threads;
+            # training amplifies that 1-ulp difference at step 1 to ~0.05 by step 300, with or
+            # without the products on the ps (--ps_products=false alone, 1 vs 2 threads).
+            "--intra_op_threads=1",
+            f"--output_dir={out}", *flags]
+    done = clusters.run(argv, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 

@@ -6,10 +6,12 @@ it, and the run must still end with every task exiting 0, the global step at exa
 What the tasks did is read from their events (`lowlevel.events`); the launcher's own
 report lines (restarts, failures) are checked as the user sees them."""
 
+import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -32,19 +34,22 @@ class Launch:
 
     def __init__(self, out, *flags):
         self.out = out
-        self.proc = subprocess.Popen(
+        # The launcher's output through a FIFO (a pipe with a name: the launcher is forked
+        # by `prefork`'s server, so it cannot inherit a pipe from this process).
+        fifo = os.path.join(tempfile.mkdtemp(dir=os.path.dirname(out)), "stdout")
+        os.mkfifo(fifo)
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, args=(fifo,), daemon=True)
+        self._reader.start()
+        self.proc = clusters.start(
             [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", "--max_restarts=1",
              "--log_every_secs=0.25", f"--train_steps={TRAIN_STEPS}",
-             f"--save_checkpoint_steps={CHECKPOINT_EVERY}", *flags],
-            cwd=clusters.ROOT, env=clusters.ENV, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
-        self.lines: list[tuple[float, str]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+             f"--save_checkpoint_steps={CHECKPOINT_EVERY}", *flags], fifo)
 
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
+    def _read(self, fifo):
+        with open(fifo, errors="replace") as stream:
+            for line in stream:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
 
     def text(self, since: float = 0.0, until: float = float("inf")) -> str:
         return "\n".join(line for t, line in list(self.lines) if since <= t < until)
@@ -70,7 +75,7 @@ class Launch:
     def task(self, name: str) -> psutil.Process:
         job, index = re.match(r"(\D+)(\d+)$", name).groups()
         for child in psutil.Process(self.proc.pid).children():
-            cmdline = child.cmdline()
+            cmdline = clusters.argv_of(child)
             if f"--job_name={job}" in cmdline and f"--task_index={index}" in cmdline:
                 return child
         raise AssertionError(f"no live {name} among the launcher's children")
@@ -262,10 +267,8 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     out = tmp_path / "run"
 
     def train(steps):
-        return subprocess.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
-                               f"--train_steps={steps}", "--save_checkpoint_steps=200"],
-                              cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                              text=True, timeout=120)
+        return clusters.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
+                             f"--train_steps={steps}", "--save_checkpoint_steps=200"], timeout=120)
 
     assert train(600).returncode == 0
     data = next(out.glob("model.ckpt-600.data-*"))

@@ -7,7 +7,6 @@ exits 200 ends with status 1 after `--max_restarts`, and a preemption does not c
 
 import json
 import signal
-import subprocess
 import time
 
 import pytest
@@ -77,9 +76,7 @@ def test_without_a_bound_nothing_is_counted_or_written(tmp_path):
 
 
 def _start_task(argv, log, env):
-    with open(log, "a") as out:
-        return subprocess.Popen(argv, cwd=clusters.ROOT, env=dict(clusters.ENV, **env),
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return clusters.start(argv, log, env=env, append=True)
 
 
 def _operator_loop(argv, log, env, starts_cap, on_start=None):

@@ -45,9 +45,8 @@ def tmpfs(tmp_path):
 class _Launch:
     def __init__(self, out, log, *flags):
         self.out, self.log = out, log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", *flags], cwd=clusters.ROOT, env=clusters.ENV, stdout=open(log, "w"),
-            stderr=subprocess.STDOUT)
+        self.proc = clusters.start(
+            [sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}", *flags], log)
 
     def wait_for(self, predicate, what, timeout_secs):
         deadline = time.monotonic() + timeout_secs

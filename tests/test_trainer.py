@@ -3,7 +3,6 @@ subprocesses. Every process must exit 0 by itself."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -117,9 +116,8 @@ def test_cluster_trains_digits_and_every_process_exits(xprocess, ports, tmp_path
 @pytest.mark.timeout(120)
 def test_in_process_training_reaches_accuracy(tmp_path):
     out = tmp_path / "local"
-    result = subprocess.run(
-        [sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}", "--train_steps=600"],
-        cwd=clusters.ROOT, env=clusters.ENV, capture_output=True, text=True, timeout=110)
+    result = clusters.run([sys.executable, "-m", "lowlevel.trainer", f"--output_dir={out}",
+                           "--train_steps=600"], timeout=110)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert metrics["accuracy"] >= 0.9 and metrics["num_ps"] == 0

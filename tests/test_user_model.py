@@ -4,7 +4,6 @@ with `--sync`, and with the model_fn's own `SyncReplicasOptimizer`. The model is
 tests/user_models/digits.py, written as TF1 Estimator code."""
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -18,9 +17,8 @@ MODEL = ["--model=tests.user_models.digits:model_fn",
 
 
 def _run(module, out, *flags, timeout=240):
-    result = subprocess.run([sys.executable, "-m", module, f"--output_dir={out}", *MODEL,
-                             *flags], cwd=clusters.ROOT, env=clusters.ENV, capture_output=True,
-                            text=True, timeout=timeout)
+    result = clusters.run([sys.executable, "-m", module, f"--output_dir={out}", *MODEL, *flags],
+                           timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from clusters import ROOT, final_metrics
+from clusters import ROOT, final_metrics, run
 from lowlevel.cluster.spec import ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
 from lowlevel.data import ctr as ctr_data
@@ -49,10 +49,8 @@ def test_dataset_and_model_must_match():
 
 @pytest.mark.cluster  # starts a trainer process (the in-process check: test_movielens.py)
 def test_missing_movielens_names_the_script(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "lowlevel.trainer", "--model=wide_deep", "--dataset=movielens",
-         f"--data_dir={tmp_path}", "--train_steps=1"], capture_output=True, text=True,
-        timeout=120, cwd=ROOT)
+    done = run([sys.executable, "-m", "lowlevel.trainer", "--model=wide_deep",
+                "--dataset=movielens", f"--data_dir={tmp_path}", "--train_steps=1"], timeout=120)
     assert done.returncode != 0
     assert "scripts/get_movielens" in done.stderr
 
@@ -144,8 +142,8 @@ def test_communication_reduced_mode_never_copies_a_table_to_the_worker(ctr):
 
 
 def _launch(out, *flags, timeout=900):
-    return subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                           *flags], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                *flags], timeout=timeout)
 
 
 @pytest.mark.cluster

@@ -94,37 +94,61 @@ def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
 
 def _task(argv, env, output_fd, close_fds):
     """The child: becomes `python -m lowlevel.trainer argv[3:]`; its exit status is the task's."""
-    import setproctitle
-    from absl import flags
-    from absl.command_name import set_kernel_process_name
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _default_signals()  # not the launcher's handlers, from the first moment
     for fd in close_fds:
         try:
             os.close(fd)
         except OSError:
             pass
+    redirect(output_fd, output_fd)
+    run_as_main(argv, env)
+
+
+def redirect(stdout_fd: int, stderr_fd: int) -> None:
+    """Points this process's stdin at /dev/null and its stdout and stderr at the two
+    descriptors (which may be the same; both are closed after), line-buffered."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    os.dup2(output_fd, 1)
-    os.dup2(output_fd, 2)
-    os.close(output_fd)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    for fd in {stdout_fd, stderr_fd}:
+        os.close(fd)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
+
+
+def run_as_main(argv: list, env: dict) -> None:
+    """Becomes `python -m MODULE ARGS` (`argv` as a cold start would run it: `[python, "-m",
+    MODULE, *ARGS]`) in a process forked after TensorFlow's import, with environment `env`.
+
+    Resets the signal handlers a parent may have set, takes `env`, the command's name
+    (`setproctitle`, absl's kernel name), absl's flag defaults, then runs MODULE as
+    `__main__` (`runpy`); returns or raises as that module does (`SystemExit` carries its
+    exit status). Used by the launcher's tasks and by the tests' forked processes.
+    """
+    import setproctitle
+    from absl import flags
+    from absl.command_name import set_kernel_process_name
+
+    _default_signals()
     # The title first: setproctitle takes its room from the environment's memory,
-    # which it finds only while the launcher's environment is still in place.
+    # which it finds only while the parent's environment is still in place.
     setproctitle.setproctitle(" ".join(argv))
     os.environ.clear()
     os.environ.update(env)
-    set_kernel_process_name("trainer.py")
+    module = argv[2]
+    set_kernel_process_name(module.rsplit(".", 1)[-1] + ".py")
     # absl.app.run sets --verbosity to 0 (INFO) when it is not given, but only in a
     # process's first run; the launcher's came first. Its default is -1 (WARNING).
     flags.FLAGS.set_default("verbosity", 0)
     for name in flags.FLAGS:  # back to defaults, for the task's argv to be parsed
         flags.FLAGS[name].unparse()
-    module = argv[2]
     sys.argv = [importlib.util.find_spec(module).origin, *argv[3:]]
     # Exits: SystemExit carries the status to multiprocessing's exit.
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
