@@ -51,7 +51,10 @@ def test_digits_script_runs_unmodified_as_under_2_15(tmp_path):
     code, out, output = _run("digits_estimator.py", model_dir)
     assert code == 0, output[-3000:]
     theirs = fixture("train_and_evaluate.json")["default_run"]["return_value"]
-    assert out["metrics"] == theirs["metrics"]
+    # Equal to 2.15's to float32 rounding: the last bits of a float32 loss depend on the CPU's
+    # kernels (oneDNN or Eigen, the vector width), as 2.15's own would on another machine
+    # (2026-11-27: 0.3396317660808563 against the fixture's 0.33963173627853394).
+    assert out["metrics"] == pytest.approx(theirs["metrics"], rel=1e-6, abs=0)
     assert out["metric_types"] == theirs["metric_types"]
     assert out["latest_checkpoint"] == os.path.join(model_dir, "model.ckpt-300")
     assert [p.replace(model_dir, "<model_dir>").rsplit("/", 1)[0]
@@ -61,13 +64,22 @@ def test_digits_script_runs_unmodified_as_under_2_15(tmp_path):
     assert "Traceback" not in output
     theirs_log = _steady_log(
         "\n".join(fixture("train_and_evaluate.json")["default_run"]["log_sequence"]))
-    assert _steady_log(output.replace(model_dir, "<model_dir>")) == theirs_log
+    _assert_same_log(_steady_log(output.replace(model_dir, "<model_dir>")), theirs_log)
     assert len(theirs_log) == 12 and theirs_log[-1].endswith("Loss for final step: 0.29681146.")
 
 
 STEADY = re.compile(r"INFO:tensorflow:(Running training and evaluation locally|Start train and "
                     r"evaluate loop|Saving checkpoints for|loss = |Saving dict for global step "
                     r"300|Performing the final export|Loss for final step)")
+
+
+def _assert_same_log(ours: list, theirs: list) -> None:
+    """The same lines, their decimal numbers equal to float32 rounding (see above)."""
+    number = re.compile(r"\d+\.\d+")
+    assert [number.sub("#", line) for line in ours] == [number.sub("#", line) for line in theirs]
+    for a, b in zip(ours, theirs):
+        assert [float(x) for x in number.findall(a)] == \
+            pytest.approx([float(x) for x in number.findall(b)], rel=1e-6, abs=0), (a, b)
 
 
 def _steady_log(text):

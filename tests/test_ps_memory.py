@@ -91,17 +91,21 @@ def test_adagrad_slots_hold_one_copy_and_a_save_at_most_one_slice(tmp_path):
     assert ours["trained"] < 2.3 * TABLE_MIB, ours
     assert stock["trained"] > 2.7 * TABLE_MIB, stock
     # a save: 4 MiB slices one at a time (measured 24 MiB above RSS); stock: the table
-    # and accumulator copied whole (2 x 256 MiB)
+    # and accumulator copied whole (2 x 256 MiB). Stock's copy shows either as the second
+    # save's peak (as this test first measured it) or, where the first save's copy stays
+    # resident, in "kept" (2026-11-27, kernel 6.18: save_peak 8 and kept 809 MiB in three
+    # runs out of three), so the two are asserted together.
     assert ours["save_peak"] < 0.25 * TABLE_MIB, ours
-    assert stock["save_peak"] > 1.5 * TABLE_MIB, stock
+    assert stock["save_peak"] + stock["kept"] > 1.5 * TABLE_MIB, stock
     # what a save and a restore leave behind (the first of each, graph optimisation
     # included): measured 69 MiB; 197 with the slices' index ranges folded into kept
     # constants (`chunked_save._opaque`)
     assert ours["kept"] < 0.4 * TABLE_MIB, ours
     # a restore into the trained variables: a slice at a time in place; stock: both read
-    # whole before they are assigned
+    # whole before they are assigned (into new memory, or into the resident copy "kept"
+    # holds: measured restore peaks of 512, 256 and 0 MiB with kept ~809)
     assert ours["restore_peak"] < 0.25 * TABLE_MIB, ours
-    assert stock["restore_peak"] > 1.5 * TABLE_MIB, stock
+    assert stock["restore_peak"] + stock["kept"] > 1.5 * TABLE_MIB, stock
 
 
 def test_no_full_shape_constant_in_adagrads_slot_initialisers():
