@@ -35,11 +35,8 @@ def import_tensorflow(verbose: bool = False):
       verbose: keep TensorFlow's C++ and Python log output.
     """
     tf = import_quietly(verbose)
-    # Quiet too: the first call makes TensorFlow's context, which looks for CUDA ("failed
-    # call to cuInit" without a GPU) where the import has not already done so.
-    with contextlib.nullcontext() if verbose else _quiet_stderr():
-        if tf.executing_eagerly():
-            tf.compat.v1.disable_eager_execution()
+    if tf.executing_eagerly():
+        tf.compat.v1.disable_eager_execution()
     tf.get_logger().setLevel("INFO" if verbose else "ERROR")
     return tf
 

@@ -12,6 +12,38 @@ from lowlevel.tf_import import import_tensorflow  # noqa: E402
 import_tensorflow()
 
 
+# scripts/test runs the suite on two pytest-xdist workers (`-n 2`). The tests of each of
+# these groups of files run on one worker, one after another (`pytest_xdist_make_scheduler`
+# below); every other test is a unit of its own, sent to whichever worker is free:
+XDIST_GROUPS = {
+    # network namespaces on bridges, cut links, frozen peers: most of their time is spent
+    # waiting on fault timers (test_network_faults alone: ~640 s, ~35 % of the serial
+    # suite, at well under one core), so they run beside the CPU-bound tests of the
+    # other worker rather than with each other.
+    "netns": ("test_network_faults.py", "test_across_hosts.py", "test_chaos.py",
+              "test_links.py", "test_netns.py", "test_k8s.py"),
+    # launcher memory cgroups: test_launch compares the cgroups before and after a run.
+    "memory_cgroups": ("test_launch.py", "test_sparse_bench.py"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, a scope being a group of `XDIST_GROUPS` or one test.
+
+    (Not `--dist loadgroup` with `xdist_group` marks: xdist 3.8 names a group by renaming
+    the test's `_nodeid`, which pytest 9.2 no longer reads, so every group came apart.)
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return next((g for g, files in XDIST_GROUPS.items() if name in files), nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Kills the forked processes a test left running (by PID), so that the session ends."""
     import prefork

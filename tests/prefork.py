@@ -90,7 +90,12 @@ class Task:
 
 
 def forkable(argv: list, env: dict) -> bool:
-    """Whether `argv` (a cold command line) may be forked with environment `env`."""
+    """Whether `argv` (a cold command line) may be forked with environment `env`.
+
+    Never with `LOWLEVEL_TESTS_COLD=1` in the tests' environment (every process cold, as
+    before: to compare the two, or to rule the fork server out of a failure)."""
+    if os.environ.get("LOWLEVEL_TESTS_COLD") == "1":
+        return False
     if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
         return False
     if argv[2] not in FORKED_MODULES:
@@ -114,6 +119,9 @@ def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
         return subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL)
     _ensure_server()
+    for path in filter(None, (stdout_path, stderr_path)):  # there on return, as with Popen
+        if not os.path.exists(path) or os.path.isfile(path):  # not a FIFO, not /dev/null
+            open(path, "a" if append else "w").close()
     process = _CONTEXT.Process(target=_child, name=" ".join(argv[2:3] + argv[-2:]),
                                args=(list(argv), env, cwd, str(stdout_path),
                                      str(stderr_path) if stderr_path else None, append))
@@ -185,7 +193,7 @@ def _ensure_server() -> None:
 
 def _child(argv, env, cwd, stdout_path, stderr_path, append):
     """In the forked process: output to the files, then `python -m MODULE ARGS`."""
-    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    mode = os.O_WRONLY | os.O_CREAT | os.O_APPEND  # emptied by `start` unless `append`
     out = os.open(stdout_path, mode, 0o644)
     err = os.open(stderr_path, mode, 0o644) if stderr_path else out
     forking.redirect(out, err)
