@@ -45,8 +45,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Kills the forked processes a test left running (by PID), so that the session ends."""
+    """Kills the forked processes a test left running (by PID), so that the session ends;
+    an xdist worker hands its `prefork.counts` to the controller."""
     import prefork
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["prefork"] = dict(prefork.counts)
     left = prefork.close_all()
     if left:
         print(f"\nprefork: killed {len(left)} forked process(es) left running: {left}")
@@ -105,3 +108,23 @@ def collect_graphs_quietly():
         gc.collect()
     finally:
         logger.setLevel(level)
+
+
+_worker_counts: list = []
+
+
+def pytest_testnodedown(node, error):
+    """(xdist controller) A worker's `prefork.counts`, kept for the summary."""
+    _worker_counts.append(getattr(node, "workeroutput", {}).get("prefork", {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line: how many of the tests' processes were forked from one TensorFlow import."""
+    import prefork
+    counts = _worker_counts or [prefork.counts]
+    forked = sum(c.get("forked", 0) for c in counts)
+    cold = sum(c.get("cold", 0) for c in counts)
+    if forked or cold:
+        terminalreporter.write_line(
+            f"prefork: {forked} test processes forked from one TensorFlow import, {cold} "
+            "started cold by it (tests/prefork.py)")

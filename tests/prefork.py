@@ -53,6 +53,7 @@ _PRELOAD = ["lowlevel.tf_import", "prefork_preload"]
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(_PRELOAD)
 _started: list = []
+counts = {"forked": 0, "cold": 0}  # the processes `start` made each way in this process
 
 
 class Task:
@@ -114,6 +115,7 @@ def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
     """
     env = dict(os.environ if env is None else env)
     if cold or not forkable(argv, env):
+        counts["cold"] += 1
         out = open(stdout_path, "a" if append else "w")
         err = open(stderr_path, "a" if append else "w") if stderr_path else subprocess.STDOUT
         return subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd, env=env,
@@ -127,6 +129,7 @@ def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
                                      str(stderr_path) if stderr_path else None, append))
     process.start()
     _started.append(process)
+    counts["forked"] += 1
     return Task(process, argv)
 
 
@@ -139,6 +142,7 @@ def run(argv: list, env: Optional[dict] = None, cwd: str = ROOT,
     """
     env = dict(os.environ if env is None else env)
     if not forkable(argv, env):
+        counts["cold"] += 1
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="prefork-") as tmp:

@@ -241,42 +241,44 @@ DEFAULT_STEP_TIMEOUT_SECS, DEFAULT_FAULT_TIMEOUT_SECS = 60, 90
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("fault", ["sigstop", "partition"])
 def test_at_the_default_limits_a_ps_frozen_or_cut_off_for_good_ends_every_worker_with_200(
-        make_cluster, tmp_path, fault):
-    """No fault flags: async and sync clusters side by side, the ps of each struck at once.
-    Every worker exits 200 within --step_timeout_secs + --fault_timeout_secs + 30 s, its
-    last line naming ps0, nothing left running on its host."""
-    runs = {mode: make_cluster("--train_steps=10000000", *(["--sync"] if mode == "sync" else []),
-                               common=["--log_every_secs=0.5"], tag=mode)
-            for mode in ("async", "sync")}
+        make_cluster, tmp_path):
+    """No fault flags: four clusters side by side, async and sync, whose ps is frozen
+    (SIGSTOP) or cut off (its link down), all struck at once. Every worker exits 200 within
+    --step_timeout_secs + --fault_timeout_secs + 30 s, its last line naming ps0, nothing left
+    running on its host. (The four share one wait of ~100 s: the two faults were two runs.)"""
+    runs = {(fault, mode): make_cluster("--train_steps=10000000",
+                                        *(["--sync"] if mode == "sync" else []),
+                                        common=["--log_every_secs=0.5"], tag=f"{fault}-{mode}")
+            for fault in ("sigstop", "partition") for mode in ("async", "sync")}
     for hosts, procs, out in runs.values():
         wait_for_step(out, 50, 240)
     struck = {}
-    for mode, (hosts, procs, out) in runs.items():
+    for (fault, mode), (hosts, procs, out) in runs.items():
         if fault == "sigstop":
             os.kill(procs["ps0"].pid, signal.SIGSTOP)
         else:
             hosts.partition("ps0")
-        struck[mode] = time.time()
+        struck[fault, mode] = time.time()
     limit = DEFAULT_STEP_TIMEOUT_SECS + DEFAULT_FAULT_TIMEOUT_SECS + 30
-    workers = {(mode, name): proc for mode, (_, procs, _) in runs.items()
+    workers = {(*run, name): proc for run, (_, procs, _) in runs.items()
                for name, proc in procs.items() if name != "ps0"}
     done = clusters.wait_all(workers, limit + 30)
     measured = {}
-    for (mode, name), (code, when) in done.items():
-        hosts, _, out = runs[mode]
-        log = tmp_path / f"{mode}{name}.log"
-        assert code == 200, (mode, name, code, clusters.tail(log))
-        assert when - struck[mode] < limit, (mode, name, when - struck[mode])
+    for (fault, mode, name), (code, when) in done.items():
+        hosts, _, out = runs[fault, mode]
+        log = tmp_path / f"{fault}-{mode}{name}.log"
+        since = struck[fault, mode]
+        assert code == 200, (fault, mode, name, code, clusters.tail(log))
+        assert when - since < limit, (fault, mode, name, when - since)
         first = noticed(out, name)
-        assert first and first[0]["unix_time"] - struck[mode] < DEFAULT_STEP_TIMEOUT_SECS + 15, \
-            (mode, name, first)  # noticed within about a minute
+        assert first and first[0]["unix_time"] - since < DEFAULT_STEP_TIMEOUT_SECS + 15, \
+            (fault, mode, name, first)  # noticed within about a minute
         assert_gave_up_naming_ps0(log)
-        assert not hosts.pids(name), (mode, name, hosts.pids(name))  # nothing left behind
-        measured[f"{mode} {name}"] = (round(first[0]["unix_time"] - struck[mode], 1),
-                                      round(when - struck[mode], 1))
-    print(f"{fault} at the default limits: (noticed s, exited s) after the fault: {measured}")
+        assert not hosts.pids(name), (fault, mode, name, hosts.pids(name))  # nothing left
+        measured[f"{fault} {mode} {name}"] = (round(first[0]["unix_time"] - since, 1),
+                                              round(when - since, 1))
+    print(f"at the default limits: (noticed s, exited s) after the fault: {measured}")
 
 
 def assert_all_exit_0_exact(procs, out, steps):
