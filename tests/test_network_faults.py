@@ -119,6 +119,19 @@ def wait_for_step(out, step, timeout_secs=120):
     raise AssertionError(f"the chief did not reach global step {step} in {timeout_secs} s")
 
 
+def wait_for_progress(out, tasks=("worker0", "worker1"), records=2, timeout_secs=120):
+    """Polls until each of `tasks` has written `records` progress events: past its first
+    runs (a worker struck 0.2 s into its training was stuck in a call its step's deadline
+    did not end, until the watchdog, 10 s past the limit: seen once, 2026-11-27)."""
+    deadline = time.monotonic() + timeout_secs
+    while time.monotonic() < deadline:
+        if all(len(clusters.task_events(out, t, "progress")) >= records for t in tasks):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{tasks} did not each report progress {records} times in "
+                         f"{timeout_secs} s")
+
+
 def noticed(out, task):
     return clusters.task_events(out, task, "fault_noticed")
 
@@ -143,10 +156,16 @@ def assert_gave_up_naming_ps0(log):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", ["sigstop", "partition"])
 def test_a_ps_that_stops_answering_for_good_ends_every_worker_with_200(cluster, fault):
-    """The deadline first: a 3 s deadline fires before keepalive notices anything."""
+    """The deadline first: a 3 s deadline fires before keepalive notices anything.
+
+    Struck in steady training, between checkpoints: a save runs under its own, longer
+    deadline (with COMMON's save every 100 steps, a strike landed in one: the chief was
+    ended by the watchdog 10 s past the limit, not by its step's deadline; 2026-11-27)."""
     hosts, start, out = cluster
-    procs = start("--train_steps=100000", "--step_timeout_secs=3", "--fault_timeout_secs=15")
+    procs = start("--train_steps=100000", "--step_timeout_secs=3", "--fault_timeout_secs=15",
+                  "--save_checkpoint_steps=1000000")
     wait_for_step(out, 50)
+    wait_for_progress(out)  # steady training: the deadline's case, not a first run's
     if fault == "sigstop":
         os.kill(procs["ps0"].pid, signal.SIGSTOP)
     else:
