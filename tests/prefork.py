@@ -20,7 +20,7 @@ longer than most titles: `/proc/PID/cmdline` then ends in NULs and `psutil` read
 one argument followed by empty ones (`clusters.argv_of` reads it either way).
 
 The forked process is a child of the server, not of pytest: its exit status comes
-back through multiprocessing (`Task.poll`, `Task.wait`), signals go by PID.
+back through multiprocessing (`forking.ForkedTask`: `poll`, `wait`), signals go by PID.
 `close_all()` (conftest, at the session's end) kills any the tests left running.
 """
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,40 +53,6 @@ _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(_PRELOAD)
 _started: list = []
 counts = {"forked": 0, "cold": 0}  # the processes `start` made each way in this process
-
-
-class Task:
-    """A forked process with the part of `subprocess.Popen`'s interface the tests use.
-
-    `returncode` follows Popen: the exit status, or -N when signal N ended it.
-    """
-
-    def __init__(self, process, argv):
-        self._process = process
-        self.args = argv
-        self.pid: int = process.pid
-        self.returncode: Optional[int] = None
-
-    def poll(self) -> Optional[int]:
-        self.returncode = self._process.exitcode
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        """Raises `subprocess.TimeoutExpired` if still running after `timeout` seconds."""
-        self._process.join(timeout)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def forkable(argv: list, env: dict) -> bool:
@@ -130,7 +95,7 @@ def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
     process.start()
     _started.append(process)
     counts["forked"] += 1
-    return Task(process, argv)
+    return forking.ForkedTask(process)
 
 
 def run(argv: list, env: Optional[dict] = None, cwd: str = ROOT,

@@ -82,6 +82,7 @@ def _measure(tmp_path, stock_adagrad: bool, stock_saver: bool) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.cluster  # two processes of their own, each ~800 MiB (not an in-process test)
 @pytest.mark.timeout(300)
 def test_adagrad_slots_hold_one_copy_and_a_save_at_most_one_slice(tmp_path):
     ours = _measure(tmp_path, stock_adagrad=False, stock_saver=False)

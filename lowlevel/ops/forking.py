@@ -40,7 +40,8 @@ _FORK = multiprocessing.get_context("fork")
 
 
 class ForkedTask:
-    """A forked task with the part of `subprocess.Popen`'s interface the launcher uses.
+    """A forked task (a `multiprocessing.Process`) with the part of `subprocess.Popen`'s
+    interface the launcher and the tests' forked processes (tests/prefork.py) use.
 
     `returncode` follows Popen: the exit status, or -N when signal N ended it.
     """
@@ -64,6 +65,9 @@ class ForkedTask:
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
