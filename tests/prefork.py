@@ -39,7 +39,7 @@ from lowlevel.ops import forking
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The commands forked rather than started cold.
-FORKED_MODULES = ("lowlevel.trainer", "lowlevel.launch", "lowlevel.estimator",
+FORKED_MODULES = ("lowlevel", "lowlevel.trainer", "lowlevel.launch", "lowlevel.estimator",
                   "lowlevel.predict", "lowlevel.tf_configs")
 # Environment variables read while TensorFlow or lowlevel is imported: a process whose
 # environment sets one to a value other than the server's is started cold.

@@ -120,10 +120,13 @@ def wait_for_step(out, step, timeout_secs=120):
     raise AssertionError(f"the chief did not reach global step {step} in {timeout_secs} s")
 
 
-def wait_for_progress(out, tasks=("worker0", "worker1"), records=2, timeout_secs=120):
-    """Polls until each of `tasks` has written `records` progress events: past its first
-    runs (a worker struck 0.2 s into its training was stuck in a call its step's deadline
-    did not end, until the watchdog, 10 s past the limit: seen once, 2026-11-27)."""
+def wait_for_progress(out, tasks=("worker0", "worker1"), records=6, timeout_secs=120):
+    """Polls until each of `tasks` has written `records` progress events (at COMMON's 0.5 s:
+    ~3 s of training): past its first runs. A task struck in its first second of training
+    was stuck in a call its step's deadline did not end, until the watchdog 10 s past the
+    limit (twice, 2026-11-27: 0.2 s in, and 1 s in, right after its second progress line,
+    on a loaded machine); the first run of each set of fetches (a step with the progress
+    line's, the summaries') is also the first of its graph on the ps."""
     deadline = time.monotonic() + timeout_secs
     while time.monotonic() < deadline:
         if all(len(clusters.task_events(out, t, "progress")) >= records for t in tasks):

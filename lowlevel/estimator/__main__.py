@@ -33,15 +33,16 @@ USAGE = ("usage: python -m lowlevel.estimator SCRIPT.py [ARGS...]\n\n"
          "lowlevel.estimator.\n")
 
 
-def main(argv=None) -> int:
-    """Runs the script named by argv[0] with argv[1:]; returns the exit status."""
+def main(argv=None, prog: str = "lowlevel.estimator", usage: str = USAGE) -> int:
+    """Runs the script named by argv[0] with argv[1:]; returns the exit status. `prog` and
+    `usage` name the runner in its messages (`python -m lowlevel` shares this one)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
+        sys.stdout.write(usage)
         return errors.SUCCESS if argv else errors.USAGE
     script = argv[0]
     if not os.path.isfile(script):
-        sys.stderr.write(f"lowlevel.estimator: no such script: {script}\n")
+        sys.stderr.write(f"{prog}: no such script: {script}\n")
         return errors.USAGE
     alias.install(estimator)
     sys.argv = [script] + argv[1:]
@@ -51,20 +52,20 @@ def main(argv=None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except errors.LegacyKerasMissing as e:
-        sys.stderr.write(f"lowlevel.estimator: {e}\n")
+        sys.stderr.write(f"{prog}: {e}\n")
         return errors.USAGE
     except Exception as e:  # noqa: BLE001 - one line for the runtime's failures
         if not errors.is_runtime_failure(e) or isinstance(e, errors.UsageError):
             traceback.print_exc()
         code = errors.status_of(e)
-        sys.stderr.write(f"lowlevel.estimator: error: {errors.one_line(e)} (exit status "
+        sys.stderr.write(f"{prog}: error: {errors.one_line(e)} (exit status "
                          f"{code})\n")
         return code
     return errors.SUCCESS
 
 
-def run():
-    """Console-script entry point (`lowlevel-estimator`)."""
+def run(main=main):
+    """Console-script entry point (`lowlevel-estimator`); `main` returns the exit status."""
     from lowlevel.runtime.preemption import Preemption
     Preemption("estimator")  # first: before TensorFlow starts any thread
     code = main()

@@ -1,0 +1,45 @@
+"""`python -m lowlevel SCRIPT.py [ARGS...]`: runs your own TF1 program, or an Estimator script,
+unmodified on lowlevel's runtime (also the console script `lowlevel-run`).
+
+Before the script runs: TensorFlow imported quietly (its C++ start-up lines hidden,
+`tf_import`), gRPC keepalive on the channels between tasks
+(`cluster.channels`), `tf.compat.v1.train.Server` and `MonitoredTrainingSession` replaced
+by `lowlevel.train`'s (what they take over: that module's doc, docs/tf1-programs.md), and
+`tf.estimator` resolving to `lowlevel.estimator` as `python -m lowlevel.estimator` does.
+Then SCRIPT runs as `__main__` with `sys.argv = [SCRIPT, ARGS...]`, as `python SCRIPT.py
+ARGS` would. Exit status: the script's (0 when it ends; a ps whose `server.join()` returned
+at the end of training ends so); a traceback and 1 for an exception of the script; one line
+and the status of `lowlevel.errors`' table for a failure of the runtime (200: a ps that does
+not answer); 2 for no script or a script that does not exist.
+"""
+
+from __future__ import annotations
+
+from lowlevel.cluster import channels
+
+USAGE = ("usage: python -m lowlevel SCRIPT.py [ARGS...]\n\n"
+         "Runs a TF1 program (tf.compat.v1.train.Server, MonitoredTrainingSession, ...) or a\n"
+         "tf.estimator script unmodified on lowlevel's runtime: a ps's server.join() returns\n"
+         "when the chief ends the training, a non-chief starts within a second of the chief's\n"
+         "model, every task exits 0. ARGS go to the script.\n")
+
+
+def main(argv=None) -> int:
+    """Prepares the runtime, runs the script named by argv[0]; returns the exit status."""
+    channels.use_channel_options()  # before TensorFlow makes a channel
+    from lowlevel.tf_import import import_quietly
+    import_quietly()  # TensorFlow's start-up lines hidden; the script's mode left to it
+    from lowlevel import train
+    from lowlevel.estimator import __main__ as scripts
+    train.install()
+    return scripts.main(argv, prog="lowlevel", usage=USAGE)
+
+
+def run():
+    """Console-script entry point (`lowlevel-run`)."""
+    from lowlevel.estimator import __main__ as scripts
+    scripts.run(main)
+
+
+if __name__ == "__main__":
+    run()

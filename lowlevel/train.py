@@ -1,0 +1,265 @@
+"""`tf.compat.v1.train` with lowlevel's runtime under its distributed classes, for your own TF1 program.
+
+    import lowlevel.train as train    # in place of: train = tf.compat.v1.train
+
+    server = train.Server(cluster, job_name=FLAGS.job_name, task_index=FLAGS.task_index)
+    if FLAGS.job_name == "ps":
+        server.join()                  # returns when the chief signals the end of training
+    ...
+    with train.MonitoredTrainingSession(master=server.target, is_chief=..., ...) as sess:
+        ...
+
+`python -m lowlevel SCRIPT.py` puts these classes into `tf.compat.v1.train` (`install`)
+before the script runs, so an unmodified script gets them. Same names and signatures as
+TensorFlow 2.21's `tf.compat.v1.train`; any other name here is `tf.compat.v1.train`'s own.
+
+Taken over (the defects of the Distributed TensorFlow guide's skeleton trainer on stock
+TensorFlow 2.21, measured: docs/tf1-programs.md):
+
+- `Server`: with no `config`, the thread pools and device filters of lowlevel's tasks
+  (`runtime.server.session_config`: the task's CPUs shared among the tasks on its host; a
+  worker sees only the ps job and itself). `join()` on a ps returns once the chief signals
+  the end of training (`runtime.shutdown`, steps 7-8), so the script goes on to its end
+  and the process exits 0; stock `join()` never returns (tensorflow/tensorflow#4713).
+- `MonitoredTrainingSession`: lowlevel's session creators (`runtime.sessions`): a
+  non-chief polls for the chief's model every 0.5 s (stock: every 30 s, so it ran its
+  first step ~30 s after the chief), each session waits for the ps tasks first, bounded,
+  naming the one that does not answer (exit status 200); the chief adopts a model the ps
+  tasks still hold when it is restarted. The end-of-training protocol
+  (`runtime.shutdown.end_of_training_hooks`): a non-chief reports its end; the chief
+  waits for the other workers, saves its final checkpoint, tells every ps to exit. The
+  stock stop grace of 120 s is 2 s (`runtime.training.STOP_GRACE_SECS`).
+
+Not taken over yet (stock behaviour): the deadline on every run and the outage clock,
+SIGTERM at a safe point, the exact final step of an async run (`StopAtStepHook` stops
+each worker at or after `last_step`; workers' steps in flight carry it past),
+`SyncReplicasOptimizer`'s hook, `replica_device_setter`'s placement.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import tensorflow as tf
+from absl import logging
+
+from lowlevel import events
+from lowlevel.cluster import probes
+from lowlevel.cluster.spec import CHIEF, PS, WORKER, Cluster, Task
+from lowlevel.errors import UsageError
+from lowlevel.runtime import server as server_lib
+from lowlevel.runtime import sessions, shutdown
+from lowlevel.runtime.training import STOP_GRACE_SECS
+
+v1 = tf.compat.v1
+_stock = v1.train  # the module itself: its attributes are replaced by `install`
+_STOCK = {name: getattr(_stock, name) for name in ("Server", "MonitoredTrainingSession")}
+
+# Seconds a session waits for the ps tasks to answer before the task gives up with exit
+# status 200 (the trainer's --startup_timeout_secs default).
+STARTUP_TIMEOUT_SECS = 600.0
+# Seconds the chief waits after its last step for the other workers' end reports (the
+# trainer's --shutdown_timeout_secs default).
+SHUTDOWN_TIMEOUT_SECS = 60.0
+# MonitoredTrainingSession's stock stop grace, seconds: taken to mean "not given".
+_STOCK_STOP_GRACE_SECS = 120
+
+# The servers this process started with a cluster: {server.target: (Cluster, Task,
+# the server's ConfigProto)}.
+_tasks: dict[str, tuple] = {}
+_lock = threading.Lock()
+
+
+def _cluster_and_task(server_or_cluster_def, job_name, task_index) -> tuple[Cluster, Task]:
+    """lowlevel's `Cluster` and `Task` for a `Server`'s arguments (a ClusterSpec, a dict,
+    a ClusterDef or a ServerDef, as `tf.compat.v1.train.Server` takes them).
+
+    Raises:
+      UsageError: the cluster has no ps job, or jobs other than chief, worker and ps.
+    """
+    if isinstance(server_or_cluster_def, tf.train.ServerDef):
+        job_name = job_name or server_or_cluster_def.job_name
+        task_index = server_or_cluster_def.task_index if task_index is None else task_index
+        server_or_cluster_def = server_or_cluster_def.cluster
+    spec = v1.train.ClusterSpec(server_or_cluster_def).as_dict()
+    other = set(spec) - {CHIEF, PS, WORKER}
+    if other or PS not in spec:
+        raise UsageError(f"lowlevel.train.Server: the cluster's jobs are {sorted(spec)}; "
+                         "lowlevel runs ps/worker clusters (jobs ps, worker and an optional "
+                         "chief)")
+
+    def hosts(job):
+        tasks = spec.get(job, [])
+        return tuple(tasks.values() if isinstance(tasks, dict) else tasks)
+    cluster = Cluster(hosts(PS), hosts(WORKER), hosts(CHIEF))
+    if job_name is None:
+        job_name = next(iter(spec)) if len(spec) == 1 else None
+    if job_name is None:
+        raise UsageError("lowlevel.train.Server: job_name is needed for a cluster of several "
+                         "jobs")
+    return cluster, cluster.task(job_name, task_index or 0)
+
+
+class Server(_STOCK["Server"]):
+    """`tf.compat.v1.train.Server` whose `join()` on a ps returns at the end of training.
+
+    Same arguments as `tf.compat.v1.train.Server`. With `config` None, the task's server
+    gets lowlevel's session config (thread pools sized from the task's CPUs among the
+    tasks on its host, device filters: `runtime.server.session_config`).
+
+    Raises:
+      UsageError: the cluster is not a ps/worker cluster (module doc).
+    """
+
+    def __init__(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
+                 config=None, start=True):
+        cluster, task = _cluster_and_task(server_or_cluster_def, job_name, task_index)
+        if config is None:
+            config = server_lib.session_config(cluster, task)
+        super().__init__(server_or_cluster_def, job_name=job_name, task_index=task_index,
+                         protocol=protocol, config=config, start=start)
+        self.task = task
+        with _lock:
+            _tasks[self.target] = (cluster, task, config)
+        logging.info("%s: server listening (%s)", task.name, self.target)
+
+    def join(self):
+        """A ps: serves until the chief signals the end of training, then returns.
+        Any other task: `tf.compat.v1.train.Server.join` (blocks until the process ends)."""
+        if self.task.job_name != PS:
+            return super().join()
+        shutdown.run_std_server(self, self.task, _tasks[self.target][2])
+        return None
+
+
+USE_DEFAULT = object()  # an argument not given (as tf.compat.v1.train's own USE_DEFAULT)
+
+
+def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaffold=None,  # noqa: N802
+                             hooks=None, chief_only_hooks=None,
+                             save_checkpoint_secs=USE_DEFAULT, save_summaries_steps=USE_DEFAULT,
+                             save_summaries_secs=USE_DEFAULT, config=None,
+                             stop_grace_period_secs=_STOCK_STOP_GRACE_SECS,
+                             log_step_count_steps=100, max_wait_secs=7200,
+                             save_checkpoint_steps=USE_DEFAULT, summary_dir=None,
+                             save_graph_def=True):
+    """`tf.compat.v1.train.MonitoredTrainingSession`, on lowlevel's session creators and
+    end-of-training protocol when `master` is the target of a `Server` of this process
+    (module doc); any other `master` (in-process, a remote target) gets the stock one.
+
+    Same arguments and defaults as TensorFlow 2.21's: a checkpoint every 600 s unless
+    `save_checkpoint_steps` or `save_checkpoint_secs` is given, summaries every 100 steps,
+    `config` None meaning the server's. `stop_grace_period_secs` left at its stock 120 s is
+    2 s (the helper threads of lowlevel's hooks end at the last step).
+
+    Returns:
+      A `tf.compat.v1.train.MonitoredSession`.
+
+    Raises (from the session's creation):
+      errors.StartupError: a ps did not answer within `STARTUP_TIMEOUT_SECS`.
+      tf.errors.DeadlineExceededError: (a non-chief) the chief had no model ready within
+        `max_wait_secs` seconds.
+    """
+    given = {k: v for k, v in dict(
+        save_checkpoint_secs=save_checkpoint_secs, save_summaries_steps=save_summaries_steps,
+        save_summaries_secs=save_summaries_secs,
+        save_checkpoint_steps=save_checkpoint_steps).items() if v is not USE_DEFAULT}
+    with _lock:
+        found = _tasks.get(master)
+    if found is None:
+        return _STOCK["MonitoredTrainingSession"](
+            master=master, is_chief=is_chief, checkpoint_dir=checkpoint_dir, scaffold=scaffold,
+            hooks=hooks, chief_only_hooks=chief_only_hooks, config=config,
+            stop_grace_period_secs=stop_grace_period_secs,
+            log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
+            summary_dir=summary_dir, save_graph_def=save_graph_def, **given)
+    cluster, task, server_config = found
+    scaffold = scaffold or v1.train.Scaffold()
+    channel = shutdown.ShutdownChannel(cluster.num_ps)  # before the graph is finalised
+    training = [_SessionReadyHook(task)] + list(hooks or [])
+    if is_chief:
+        training = (list(chief_only_hooks or []) +
+                    _chief_hooks(scaffold, checkpoint_dir, summary_dir or checkpoint_dir,
+                                 log_step_count_steps, save_graph_def, **given) + training)
+    ordered = shutdown.end_of_training_hooks(task, cluster, channel, training,
+                                             timeout_secs=SHUTDOWN_TIMEOUT_SECS)
+    creator = _session_creator(cluster, task, is_chief, scaffold, master,
+                               config or server_config, checkpoint_dir, max_wait_secs)
+    grace = (STOP_GRACE_SECS if stop_grace_period_secs == _STOCK_STOP_GRACE_SECS
+             else stop_grace_period_secs)
+    return v1.train.MonitoredSession(creator, ordered, stop_grace_period_secs=grace)
+
+
+class _SessionReadyHook(v1.train.SessionRunHook):
+    """Logs each new session of the task, with the global step it starts from (the line
+    tells when a non-chief began to train, against the chief's)."""
+
+    def __init__(self, task: Task):
+        self._task = task
+        self._global_step = None
+
+    def begin(self):
+        self._global_step = v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        step = session.run(self._global_step) if self._global_step is not None else None
+        logging.info("%s: session ready at global step %s", self._task.name, step)
+        events.emit("session_ready", step)
+
+
+def _chief_hooks(scaffold, checkpoint_dir, summary_dir, log_step_count_steps, save_graph_def,
+                 save_checkpoint_secs=USE_DEFAULT, save_summaries_steps=USE_DEFAULT,
+                 save_summaries_secs=USE_DEFAULT, save_checkpoint_steps=USE_DEFAULT) -> list:
+    """The chief's stock hooks, with TensorFlow 2.21's defaults (its
+    `training/monitored_session.py`): step counter, summaries, checkpoints."""
+    if save_summaries_steps is USE_DEFAULT and save_summaries_secs is USE_DEFAULT:
+        save_summaries_steps, save_summaries_secs = 100, None
+    save_summaries_steps = None if save_summaries_steps is USE_DEFAULT else save_summaries_steps
+    save_summaries_secs = None if save_summaries_secs is USE_DEFAULT else save_summaries_secs
+    if save_checkpoint_steps is USE_DEFAULT and save_checkpoint_secs is USE_DEFAULT:
+        save_checkpoint_steps, save_checkpoint_secs = None, 600
+    save_checkpoint_steps = None if save_checkpoint_steps is USE_DEFAULT else save_checkpoint_steps
+    save_checkpoint_secs = None if save_checkpoint_secs is USE_DEFAULT else save_checkpoint_secs
+    made = []
+    if summary_dir and log_step_count_steps and log_step_count_steps > 0:
+        made.append(v1.train.StepCounterHook(output_dir=summary_dir,
+                                             every_n_steps=log_step_count_steps))
+    if summary_dir and ((save_summaries_steps or 0) > 0 or (save_summaries_secs or 0) > 0):
+        made.append(v1.train.SummarySaverHook(scaffold=scaffold, save_steps=save_summaries_steps,
+                                              save_secs=save_summaries_secs,
+                                              output_dir=summary_dir))
+    if checkpoint_dir and ((save_checkpoint_secs or 0) > 0 or (save_checkpoint_steps or 0) > 0):
+        made.append(v1.train.CheckpointSaverHook(checkpoint_dir, save_steps=save_checkpoint_steps,
+                                                 save_secs=save_checkpoint_secs,
+                                                 scaffold=scaffold, save_graph_def=save_graph_def))
+    return made
+
+
+def _session_creator(cluster: Cluster, task: Task, is_chief: bool, scaffold, master, config,
+                     checkpoint_dir: Optional[str], max_wait_secs: float):
+    """The chief's or a worker's creator (`runtime.sessions`); each session first waits for
+    every ps to answer, at most `STARTUP_TIMEOUT_SECS`."""
+    def wait_for_cluster():
+        probes.wait_for_ps(cluster, STARTUP_TIMEOUT_SECS, answer=True)
+
+    def cluster_alive():
+        return all(probes.reachable(a, 0.1) for a in cluster.ps_hosts)
+
+    if is_chief:
+        return sessions.ChiefSessionCreator(scaffold, master, config, checkpoint_dir,
+                                            wait_for_cluster, cluster_alive)
+    return sessions.WorkerSessionCreator(scaffold, master, config, max_wait_secs,
+                                         wait_for_cluster, cluster_alive)
+
+
+def install() -> None:
+    """Puts `Server` and `MonitoredTrainingSession` into `tf.compat.v1.train` (and
+    `tf.train` where it is that module), for scripts that call them by TensorFlow's names."""
+    for name in _STOCK:
+        setattr(_stock, name, globals()[name])
+
+
+def __getattr__(name):
+    """Every other name is `tf.compat.v1.train`'s own."""
+    return getattr(_stock, name)

@@ -1,0 +1,98 @@
+"""Your own TF1 program on lowlevel's runtime: the Distributed TensorFlow guide's skeleton
+trainer, unmodified, under `python -m lowlevel` (and written for `lowlevel.train`, under plain
+`python`), as 1 ps + 2 workers on localhost. Stock TensorFlow 2.21 runs the same script with
+the non-chief starting ~30 s after the chief and a ps that never exits (docs/tf1-programs.md).
+"""
+
+import datetime
+import os
+import re
+import sys
+import time
+
+import pytest
+
+import clusters
+from lowlevel.outputs import checkpoints
+
+pytestmark = pytest.mark.cluster
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "tf1_scripts")
+SKELETON = os.path.join(SCRIPTS, "skeleton_trainer.py")
+LAST_STEP = 600
+
+
+def _start(tmp_path, ports, command, last_step=LAST_STEP):
+    """Starts ps0, worker1 and, once worker1 waits for the chief's model, worker0 (the chief)
+    of `command`; returns {name: process}. (Started together, the chief may have the model
+    ready before the non-chief first looks, and stock TensorFlow's 30 s wait never shows.)"""
+    ps, w0, w1 = (f"127.0.0.1:{p}" for p in ports(3))
+    common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--last_step={last_step}",
+              f"--checkpoint_dir={tmp_path / 'ckpt'}"]
+
+    def start(job, index):
+        return clusters.start([*command, *common, f"--job_name={job}", f"--task_index={index}"],
+                              tmp_path / f"{job}{index}.log")
+    procs = {"ps0": start("ps", 0), "worker1": start("worker", 1)}
+    deadline = time.monotonic() + 60
+    while "Waiting for model to be ready" not in (tmp_path / "worker1.log").read_text():
+        assert time.monotonic() < deadline and procs["worker1"].poll() is None, \
+            clusters.tail(tmp_path / "worker1.log")
+        time.sleep(0.2)
+    procs["worker0"] = start("worker", 0)
+    return procs
+
+
+def _ready_time(log) -> float:
+    """Seconds since midnight of the task's "session ready" line (absl's prefix: I1127
+    08:54:51.264046)."""
+    for line in log.read_text().splitlines():
+        if ": session ready at global step " in line:
+            clock = re.match(r"I\d{4} (\d\d):(\d\d):(\d\d\.\d+) ", line).groups()
+            return datetime.timedelta(hours=int(clock[0]), minutes=int(clock[1]),
+                                      seconds=float(clock[2])).total_seconds()
+    raise AssertionError(f"no session ready line in {log}:\n{clusters.tail(log)}")
+
+
+def _assert_ran_to_the_end(tmp_path, procs):
+    """Every task exited 0 by itself; the non-chief began within seconds of the chief; the
+    final checkpoint holds the last step (or one past it: async, not exact yet)."""
+    done = clusters.wait_all(procs, 180)
+    assert {n: c for n, (c, _) in done.items()} == {n: 0 for n in procs}, \
+        {n: clusters.tail(tmp_path / f"{n}.log") for n, (c, _) in done.items() if c != 0}
+    ps_log = (tmp_path / "ps0.log").read_text()
+    assert "the chief signalled the end of training" in ps_log, clusters.tail(tmp_path / "ps0.log")
+    lag = _ready_time(tmp_path / "worker1.log") - _ready_time(tmp_path / "worker0.log")
+    # (negative: the chief saves its first checkpoint before its line; the model was ready)
+    assert lag < 5.0, lag  # stock: up to 30 s (SessionManager's recovery_wait_secs)
+    path, step = checkpoints.newest_readable(str(tmp_path / "ckpt"))
+    assert LAST_STEP <= step <= LAST_STEP + 1, path
+    # the ps exited after the chief's final checkpoint, within seconds of the chief
+    assert done["ps0"][1] - done["worker0"][1] < 10, done
+
+
+@pytest.mark.timeout(240)
+def test_the_guides_skeleton_under_the_runner_ends_every_task_with_0(tmp_path, ports):
+    procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON])
+    _assert_ran_to_the_end(tmp_path, procs)
+
+
+@pytest.mark.timeout(240)
+def test_a_script_written_for_lowlevel_train_runs_the_same_under_plain_python(tmp_path, ports):
+    procs = _start(tmp_path, ports, [sys.executable, os.path.join(SCRIPTS, "library_trainer.py")])
+    _assert_ran_to_the_end(tmp_path, procs)
+
+
+@pytest.mark.timeout(120)
+def test_the_runner_passes_on_a_scripts_failure_and_refuses_a_missing_script(tmp_path):
+    failing = tmp_path / "failing.py"
+    failing.write_text("import tensorflow.compat.v1 as tf\n"
+                       "raise ValueError('the model is wrong')\n")
+    done = clusters.run([sys.executable, "-m", "lowlevel", str(failing)], timeout=60)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" in done.stderr and "ValueError: the model is wrong" in done.stderr
+    missing = clusters.run([sys.executable, "-m", "lowlevel", str(tmp_path / "nope.py")],
+                           timeout=60)
+    assert missing.returncode == 2 and "no such script" in missing.stderr, missing.stderr
+    usage = clusters.run([sys.executable, "-m", "lowlevel", "--help"], timeout=60)
+    assert usage.returncode == 0 and "usage: python -m lowlevel SCRIPT.py" in usage.stdout
