@@ -8,9 +8,10 @@ by `lowlevel.train`'s (what they take over: that module's doc, docs/tf1-programs
 `tf.estimator` resolving to `lowlevel.estimator` as `python -m lowlevel.estimator` does.
 Then SCRIPT runs as `__main__` with `sys.argv = [SCRIPT, ARGS...]`, as `python SCRIPT.py
 ARGS` would. Exit status: the script's (0 when it ends; a ps whose `server.join()` returned
-at the end of training ends so); a traceback and 1 for an exception of the script; one line
-and the status of `lowlevel.errors`' table for a failure of the runtime (200: a ps that does
-not answer); 2 for no script or a script that does not exist.
+at the end of training ends so); 128 + N when signal N stopped it (143: SIGTERM, at a safe
+point once training has begun, `lowlevel.train`); a traceback and 1 for an exception of
+the script; one line and the status of `lowlevel.errors`' table for a failure of the
+runtime (200: a ps that does not answer); 2 for no script or one that does not exist.
 """
 
 from __future__ import annotations
@@ -32,7 +33,20 @@ def main(argv=None) -> int:
     from lowlevel import train
     from lowlevel.estimator import __main__ as scripts
     train.install()
-    return scripts.main(argv, prog="lowlevel", usage=USAGE)
+    code = scripts.main(argv, prog="lowlevel", usage=USAGE)
+    return _preempted_status(code)
+
+
+def _preempted_status(code: int) -> int:
+    """128 + N if signal N stopped the script's training at a safe point (it then ends as
+    if done: its loop saw `should_stop`), else `code`."""
+    from lowlevel import events
+    from lowlevel.runtime import preemption
+    stop = preemption.current()
+    if code == 0 and stop is not None and stop.requested.is_set():
+        events.emit("preempted", None, signal=stop.signal_name, checkpoint=None)
+        return preemption.exit_status(stop.signum)
+    return code
 
 
 def run():

@@ -28,10 +28,19 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   tasks still hold when it is restarted. The end-of-training protocol
   (`runtime.shutdown.end_of_training_hooks`): a non-chief reports its end; the chief
   waits for the other workers, saves its final checkpoint, tells every ps to exit. The
-  stock stop grace of 120 s is 2 s (`runtime.training.STOP_GRACE_SECS`).
+  stock stop grace of 120 s is 2 s (`runtime.training.STOP_GRACE_SECS`). The session's
+  `run` has the trainer's deadline (60 s) and outage clock (`runtime.faults`): a run past
+  its deadline (a ps frozen or cut off: silence, no error) is reported and run again; once
+  the outage has lasted 90 s the task gives up with `errors.NetworkFault` naming the peers
+  that do not answer (exit status 200 under the runner), a watchdog ending it likewise if
+  it is stuck in a call TensorFlow gives no deadline. A session lost to a failed task is
+  replaced on the same clock.
 
-Not taken over yet (stock behaviour): the deadline on every run and the outage clock,
-SIGTERM at a safe point, the exact final step of an async run (`StopAtStepHook` stops
+  Under the runner, SIGTERM or SIGINT in training stops the loop after its current run;
+  the chief's close saves its checkpoint; the process exits 128 + N (143 for SIGTERM:
+  retryable), and at once with it before training (`runtime.preemption`).
+
+Not taken over yet (stock behaviour): the exact final step of an async run (`StopAtStepHook` stops
 each worker at or after `last_step`; workers' steps in flight carry it past),
 `SyncReplicasOptimizer`'s hook, `replica_device_setter`'s placement.
 """
@@ -45,20 +54,23 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
-from lowlevel.cluster import probes
 from lowlevel.cluster.spec import CHIEF, PS, WORKER, Cluster, Task
 from lowlevel.errors import UsageError
 from lowlevel.runtime import server as server_lib
-from lowlevel.runtime import sessions, shutdown
-from lowlevel.runtime.training import STOP_GRACE_SECS
+from lowlevel.runtime import faults, preemption, sessions, shutdown
+from lowlevel.runtime.training import STOP_GRACE_SECS, ClusterWaits
 
 v1 = tf.compat.v1
 _stock = v1.train  # the module itself: its attributes are replaced by `install`
 _STOCK = {name: getattr(_stock, name) for name in ("Server", "MonitoredTrainingSession")}
 
-# Seconds a session waits for the ps tasks to answer before the task gives up with exit
-# status 200 (the trainer's --startup_timeout_secs default).
+# The trainer's defaults (`lowlevel.config.TrainConfig`), seconds: a session's wait for the
+# ps tasks to answer at start-up (--startup_timeout_secs); the deadline of every run
+# (--step_timeout_secs); the longest outage before the task gives up with exit status 200,
+# naming the peers that do not answer (--fault_timeout_secs).
 STARTUP_TIMEOUT_SECS = 600.0
+STEP_TIMEOUT_SECS = 60.0
+FAULT_TIMEOUT_SECS = 90.0
 # Seconds the chief waits after its last step for the other workers' end reports (the
 # trainer's --shutdown_timeout_secs default).
 SHUTDOWN_TIMEOUT_SECS = 60.0
@@ -76,7 +88,8 @@ def _cluster_and_task(server_or_cluster_def, job_name, task_index) -> tuple[Clus
     a ClusterDef or a ServerDef, as `tf.compat.v1.train.Server` takes them).
 
     Raises:
-      UsageError: the cluster has no ps job, or jobs other than chief, worker and ps.
+      UsageError: not a ps/worker cluster (no ps job, or jobs other than chief, worker
+        and ps), or no `job_name` for a cluster of several jobs.
     """
     if isinstance(server_or_cluster_def, tf.train.ServerDef):
         job_name = job_name or server_or_cluster_def.job_name
@@ -85,49 +98,54 @@ def _cluster_and_task(server_or_cluster_def, job_name, task_index) -> tuple[Clus
     spec = v1.train.ClusterSpec(server_or_cluster_def).as_dict()
     other = set(spec) - {CHIEF, PS, WORKER}
     if other or PS not in spec:
-        raise UsageError(f"lowlevel.train.Server: the cluster's jobs are {sorted(spec)}; "
-                         "lowlevel runs ps/worker clusters (jobs ps, worker and an optional "
-                         "chief)")
+        raise UsageError(f"the cluster's jobs are {sorted(spec)}, not a ps/worker cluster "
+                         "(jobs ps, worker and an optional chief)")
 
-    def hosts(job):
+    def hosts(job):  # a job given as {task_index: address} may leave gaps: None there
         tasks = spec.get(job, [])
-        return tuple(tasks.values() if isinstance(tasks, dict) else tasks)
-    cluster = Cluster(hosts(PS), hosts(WORKER), hosts(CHIEF))
+        if isinstance(tasks, dict):
+            return tuple(tasks.get(i) for i in range(max(tasks, default=-1) + 1))
+        return tuple(tasks)
+    cluster = Cluster(hosts(PS), hosts(WORKER), hosts(CHIEF),
+                      sparse=any(isinstance(tasks, dict) for tasks in spec.values()))
     if job_name is None:
         job_name = next(iter(spec)) if len(spec) == 1 else None
     if job_name is None:
-        raise UsageError("lowlevel.train.Server: job_name is needed for a cluster of several "
-                         "jobs")
+        raise UsageError("no job_name for a cluster of several jobs")
     return cluster, cluster.task(job_name, task_index or 0)
 
 
 class Server(_STOCK["Server"]):
     """`tf.compat.v1.train.Server` whose `join()` on a ps returns at the end of training.
 
-    Same arguments as `tf.compat.v1.train.Server`. With `config` None, the task's server
-    gets lowlevel's session config (thread pools sized from the task's CPUs among the
-    tasks on its host, device filters: `runtime.server.session_config`).
-
-    Raises:
-      UsageError: the cluster is not a ps/worker cluster (module doc).
+    Same arguments as `tf.compat.v1.train.Server`. For a ps/worker cluster (jobs ps and
+    worker, an optional chief) with `config` None, the task's server gets lowlevel's
+    session config (thread pools sized from the task's CPUs among the tasks on its host,
+    device filters: `runtime.server.session_config`). Any other cluster gets the stock
+    server, `join()` included.
     """
 
     def __init__(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
                  config=None, start=True):
-        cluster, task = _cluster_and_task(server_or_cluster_def, job_name, task_index)
-        if config is None:
+        try:
+            cluster, task = _cluster_and_task(server_or_cluster_def, job_name, task_index)
+        except UsageError as e:
+            logging.info("%s; this server is stock TensorFlow's", e)
+            cluster = task = None
+        if task is not None and config is None:
             config = server_lib.session_config(cluster, task)
         super().__init__(server_or_cluster_def, job_name=job_name, task_index=task_index,
                          protocol=protocol, config=config, start=start)
         self.task = task
-        with _lock:
-            _tasks[self.target] = (cluster, task, config)
-        logging.info("%s: server listening (%s)", task.name, self.target)
+        if task is not None:
+            with _lock:
+                _tasks[self.target] = (cluster, task, config)
+            logging.info("%s: server listening (%s)", task.name, self.target)
 
     def join(self):
         """A ps: serves until the chief signals the end of training, then returns.
         Any other task: `tf.compat.v1.train.Server.join` (blocks until the process ends)."""
-        if self.task.job_name != PS:
+        if self.task is None or self.task.job_name != PS:
             return super().join()
         shutdown.run_std_server(self, self.task, _tasks[self.target][2])
         return None
@@ -176,27 +194,94 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
             summary_dir=summary_dir, save_graph_def=save_graph_def, **given)
     cluster, task, server_config = found
     scaffold = scaffold or v1.train.Scaffold()
-    channel = shutdown.ShutdownChannel(cluster.num_ps)  # before the graph is finalised
-    training = [_SessionReadyHook(task)] + list(hooks or [])
-    if is_chief:
-        training = (list(chief_only_hooks or []) +
-                    _chief_hooks(scaffold, checkpoint_dir, summary_dir or checkpoint_dir,
-                                 log_step_count_steps, save_graph_def, **given) + training)
-    ordered = shutdown.end_of_training_hooks(task, cluster, channel, training,
-                                             timeout_secs=SHUTDOWN_TIMEOUT_SECS)
+    chief_hooks = (list(chief_only_hooks or []) +
+                   _chief_hooks(scaffold, checkpoint_dir, summary_dir or checkpoint_dir,
+                                log_step_count_steps, save_graph_def, **given)
+                   if is_chief else [])
+    ordered = _protocol_hooks(cluster, task, chief_hooks + list(hooks or []))
+    outage = faults.Outage(task.name, faults.peers_of(cluster, task, sync=False),
+                           FAULT_TIMEOUT_SECS)
     creator = _session_creator(cluster, task, is_chief, scaffold, master,
-                               config or server_config, checkpoint_dir, max_wait_secs)
+                               _with_deadline(config or server_config), checkpoint_dir,
+                               max_wait_secs, outage)
     grace = (STOP_GRACE_SECS if stop_grace_period_secs == _STOCK_STOP_GRACE_SECS
              else stop_grace_period_secs)
-    return v1.train.MonitoredSession(creator, ordered, stop_grace_period_secs=grace)
+    session = v1.train.MonitoredSession(creator, ordered, stop_grace_period_secs=grace)
+    outage.watchdog()
+    return _WatchedSession(session, faults.FaultWatch(
+        task.name, outage.peers, STEP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS, outage=outage))
+
+
+def _protocol_hooks(cluster: Cluster, task: Task, hooks: list) -> list:
+    """`hooks` (the chief's stock ones first, then the script's) in the end-of-training
+    protocol's order (`runtime.shutdown`), after the session-ready log and the stop at a
+    safe point on SIGTERM/SIGINT (the runner's `preemption`, if any). Builds the protocol's
+    queues into the graph: call before it is finalised."""
+    channel = shutdown.ShutdownChannel(cluster.num_ps)
+    stop = preemption.current()
+    if stop is not None:
+        stop.task_name = task.name
+    preempted = stop.requested if stop is not None else threading.Event()
+    training = [_SessionReadyHook(task, stop), _StopWhenPreempted(preempted)] + hooks
+    return shutdown.end_of_training_hooks(task, cluster, channel, training,
+                                          timeout_secs=SHUTDOWN_TIMEOUT_SECS,
+                                          preempted=preempted)
+
+
+def _with_deadline(config):
+    """A copy of `config` whose runs without a deadline of their own (the hooks', the
+    session's set-up) get `STEP_TIMEOUT_SECS`."""
+    config = type(config).FromString(config.SerializeToString()) if config is not None \
+        else v1.ConfigProto()
+    config.operation_timeout_in_ms = int(STEP_TIMEOUT_SECS * 1000)
+    return config
+
+
+class _WatchedSession:
+    """A `MonitoredSession` whose `run` has a deadline and the task's outage clock
+    (`faults.FaultWatch`): a run past `STEP_TIMEOUT_SECS` (a peer frozen or cut off) is
+    reported with the peers that do not answer and run again, until the outage has
+    lasted `FAULT_TIMEOUT_SECS`; then `errors.NetworkFault` (exit status 200 under the
+    runner) names them. Everything else is the `MonitoredSession`'s."""
+
+    def __init__(self, session, watch: faults.FaultWatch):
+        self._session, self._watch = session, watch
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        """`MonitoredSession.run`, under the deadline (a run's own shorter one is kept).
+
+        Raises:
+          errors.NetworkFault: the peers did not answer for `FAULT_TIMEOUT_SECS`.
+        """
+        def once(deadline):
+            merged = v1.RunOptions()
+            merged.CopyFrom(deadline)
+            if options is not None:
+                merged.MergeFrom(options)
+                if options.timeout_in_ms:
+                    merged.timeout_in_ms = min(options.timeout_in_ms, deadline.timeout_in_ms)
+            return self._session.run(fetches, feed_dict=feed_dict, options=merged,
+                                     run_metadata=run_metadata)
+        return self._watch.run(once)
+
+    def __enter__(self):
+        self._session.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._session.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._session, name)
 
 
 class _SessionReadyHook(v1.train.SessionRunHook):
     """Logs each new session of the task, with the global step it starts from (the line
-    tells when a non-chief began to train, against the chief's)."""
+    tells when a non-chief began to train, against the chief's); from the first, a
+    SIGTERM or SIGINT stops training at a safe point (`preemption`) instead of at once."""
 
-    def __init__(self, task: Task):
-        self._task = task
+    def __init__(self, task: Task, stop: Optional[preemption.Preemption]):
+        self._task, self._stop = task, stop
         self._global_step = None
 
     def begin(self):
@@ -206,6 +291,21 @@ class _SessionReadyHook(v1.train.SessionRunHook):
         step = session.run(self._global_step) if self._global_step is not None else None
         logging.info("%s: session ready at global step %s", self._task.name, step)
         events.emit("session_ready", step)
+        if self._stop is not None:
+            self._stop.training_started()
+
+
+class _StopWhenPreempted(v1.train.SessionRunHook):
+    """Ends the script's loop (`should_stop`) after the run under way once `preempted` is
+    set; the session's close then runs the hooks' ends (the chief's checkpoint is saved;
+    the end-of-training signals are not sent: the run is not over)."""
+
+    def __init__(self, preempted: threading.Event):
+        self._preempted = preempted
+
+    def after_run(self, run_context, run_values):
+        if self._preempted.is_set():
+            run_context.request_stop()
 
 
 def _chief_hooks(scaffold, checkpoint_dir, summary_dir, log_step_count_steps, save_graph_def,
@@ -237,20 +337,21 @@ def _chief_hooks(scaffold, checkpoint_dir, summary_dir, log_step_count_steps, sa
 
 
 def _session_creator(cluster: Cluster, task: Task, is_chief: bool, scaffold, master, config,
-                     checkpoint_dir: Optional[str], max_wait_secs: float):
+                     checkpoint_dir: Optional[str], max_wait_secs: float,
+                     outage: faults.Outage):
     """The chief's or a worker's creator (`runtime.sessions`); each session first waits for
-    every ps to answer, at most `STARTUP_TIMEOUT_SECS`."""
-    def wait_for_cluster():
-        probes.wait_for_ps(cluster, STARTUP_TIMEOUT_SECS, answer=True)
-
-    def cluster_alive():
-        return all(probes.reachable(a, 0.1) for a in cluster.ps_hosts)
-
+    every ps to answer: the first at most `STARTUP_TIMEOUT_SECS`, one that replaces a lost
+    session on the task's outage clock (`runtime.training.ClusterWaits`)."""
+    waits = ClusterWaits(cluster, task, outage, STARTUP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS)
     if is_chief:
-        return sessions.ChiefSessionCreator(scaffold, master, config, checkpoint_dir,
-                                            wait_for_cluster, cluster_alive)
+        creator = sessions.ChiefSessionCreator(scaffold, master, config, checkpoint_dir,
+                                               waits.wait_for_cluster, waits.cluster_alive,
+                                               guard=waits.guard)
+        creator.retry_secs = FAULT_TIMEOUT_SECS
+        return creator
     return sessions.WorkerSessionCreator(scaffold, master, config, max_wait_secs,
-                                         wait_for_cluster, cluster_alive)
+                                         waits.wait_for_cluster, waits.cluster_alive,
+                                         guard=waits.guard)
 
 
 def install() -> None:

@@ -31,8 +31,9 @@ XDIST_GROUPS = {
 # The groups go out first, the largest first (xdist's scope reordering); then the other
 # files' tests, these first, longest first (seconds summed over their tests, serial,
 # docs/testing.md): a worker that takes a long test late leaves the other idle at the end.
-SLOW_FIRST = ("test_recovery.py", "test_image.py", "test_dynamic_embeddings.py",
-              "test_liveness.py", "test_wide_deep.py", "test_ctr_export.py",
+SLOW_FIRST = ("test_tf1_programs.py", "test_recovery.py", "test_image.py",
+              "test_dynamic_embeddings.py", "test_liveness.py", "test_wide_deep.py",
+              "test_ctr_export.py",
               "test_portable_checkpoints.py", "test_storage.py", "test_trainer.py")
 
 

@@ -7,6 +7,7 @@ the non-chief starting ~30 s after the chief and a ps that never exits (docs/tf1
 import datetime
 import os
 import re
+import signal
 import sys
 import time
 
@@ -22,7 +23,7 @@ SKELETON = os.path.join(SCRIPTS, "skeleton_trainer.py")
 LAST_STEP = 600
 
 
-def _start(tmp_path, ports, command, last_step=LAST_STEP):
+def _start(tmp_path, ports, command, last_step=LAST_STEP, chief_when="Waiting for model"):
     """Starts ps0, worker1 and, once worker1 waits for the chief's model, worker0 (the chief)
     of `command`; returns {name: process}. (Started together, the chief may have the model
     ready before the non-chief first looks, and stock TensorFlow's 30 s wait never shows.)"""
@@ -35,7 +36,7 @@ def _start(tmp_path, ports, command, last_step=LAST_STEP):
                               tmp_path / f"{job}{index}.log")
     procs = {"ps0": start("ps", 0), "worker1": start("worker", 1)}
     deadline = time.monotonic() + 60
-    while "Waiting for model to be ready" not in (tmp_path / "worker1.log").read_text():
+    while chief_when not in (tmp_path / "worker1.log").read_text():
         assert time.monotonic() < deadline and procs["worker1"].poll() is None, \
             clusters.tail(tmp_path / "worker1.log")
         time.sleep(0.2)
@@ -96,3 +97,64 @@ def test_the_runner_passes_on_a_scripts_failure_and_refuses_a_missing_script(tmp
     assert missing.returncode == 2 and "no such script" in missing.stderr, missing.stderr
     usage = clusters.run([sys.executable, "-m", "lowlevel", "--help"], timeout=60)
     assert usage.returncode == 0 and "usage: python -m lowlevel SCRIPT.py" in usage.stdout
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_stops_the_scripts_chief_at_a_safe_point_with_143(tmp_path, ports):
+    """The chief of the skeleton under the runner, SIGTERMed in training: it stops after its
+    current step, its session's close saves a checkpoint of that step, and it exits 143
+    (stopped, retryable) within 5 s. Stock TensorFlow: killed by the signal, no checkpoint."""
+    procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON],
+                   last_step=10_000_000)
+    try:
+        _wait_for_line(tmp_path / "worker0.log", "global_step/sec")  # 100 steps in
+        procs["worker0"].send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = procs["worker0"].wait(30)
+        took = time.monotonic() - signalled
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    log = tmp_path / "worker0.log"
+    assert code == 143 and took < 5.0, (code, took, clusters.tail(log))
+    assert "preempted by SIGTERM; stopping at the end of the current step" in log.read_text()
+    path, step = checkpoints.newest_readable(str(tmp_path / "ckpt"))
+    assert step >= 100, path  # saved at the stop, past the first 100 steps
+    assert "told 1 ps task(s) to exit" not in log.read_text()  # the run is not over
+
+
+def _wait_for_line(log, text, timeout_secs=120):
+    deadline = time.monotonic() + timeout_secs
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, clusters.tail(log)
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_frozen_ps_ends_the_scripts_workers_with_200_naming_it_at_the_default_limits(
+        tmp_path, ports):
+    """The skeleton under the runner, no limits set (a script has no flags for them): ps0
+    frozen (SIGSTOP) in steady training. Each worker's run passes its 60 s deadline, is
+    reported and run again, and 90 s into the outage the worker exits 200, its last line
+    naming ps0 (`lowlevel.train`'s defaults, the trainer's). Stock TensorFlow: the workers
+    wait on the frozen ps for good (the shared notes: no line, no error after 150 s)."""
+    procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON],
+                   last_step=10_000_000)
+    _wait_for_line(tmp_path / "worker0.log", "global_step/sec")  # 100 steps in
+    time.sleep(3)  # steady training, past every first run
+    os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    struck = time.monotonic()
+    try:
+        done = clusters.wait_all({n: p for n, p in procs.items() if n != "ps0"}, 60 + 90 + 60)
+    finally:
+        os.kill(procs["ps0"].pid, signal.SIGCONT)
+        procs["ps0"].kill()
+    for name, (code, _) in done.items():
+        log = tmp_path / f"{name}.log"
+        assert code == 200, (name, code, clusters.tail(log))
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        assert "not answering: ps0 at 127.0.0.1:" in lines[-1], lines[-1]
+        assert "did not complete within 60 s" in log.read_text(), clusters.tail(log)
+    assert time.monotonic() - struck >= 90  # not before the limit

@@ -156,7 +156,7 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
                      partial: Optional[checkpoints.PartialRestore] = None,
                      outage: Optional[faults.Outage] = None):
     """The chief's or a worker's session creator (`sessions`), bound to the cluster's probes
-    (`_ClusterWaits`).
+    (`ClusterWaits`).
 
     `partial`: the chief's restore of a checkpoint that lacks some optimizer state.
     """
@@ -166,7 +166,13 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
     # last the bytes' part longer than the fault limit (0 s for a small model).
     saver_secs = getattr(g.scaffold.saver, "timeout_secs", None)
     restore_secs = max(0.0, saver_secs - config.step_timeout_secs) if saver_secs else 0.0
-    waits = _ClusterWaits(config, cluster, task, outage, restore_secs) if cluster else None
+    finished = None
+    if not task.is_chief and config.output_dir:
+        def finished():
+            checkpoints.check_finished(config.output_dir, config.train_steps)
+    waits = (ClusterWaits(cluster, task, outage, config.startup_timeout_secs,
+                          config.fault_timeout_secs, finished, restore_secs)
+             if cluster else None)
     wait_for_cluster, cluster_alive, guard = ((waits.wait_for_cluster, waits.cluster_alive,
                                                waits.guard) if waits else (None, None, None))
     if cluster and session_config is not None:
@@ -186,46 +192,51 @@ def _session_creator(config: TrainConfig, cluster: Optional[Cluster], task: Task
                                          cluster_alive, guard)
 
 
-class _ClusterWaits:
+class ClusterWaits:
     """What a session creator waits for, and the bound of each wait.
 
     Before each session it waits until every ps answers (`probes.wait_for_ps`
     with `answer`: a frozen ps's kernel still accepts connections). The first
-    session is bounded by `--startup_timeout_secs`; one that replaces a lost
+    session is bounded by `startup_timeout_secs`; one that replaces a lost
     session begins the task's outage (`outage.begin`: at the start of the run
-    that failed) and every wait for it counts against `--fault_timeout_secs`,
+    that failed) and every wait for it counts against `fault_timeout_secs`,
     the session's creation included (`guard`, checked while `faults.abandonable`
     waits for it).
+
+    Args:
+      startup_timeout_secs, fault_timeout_secs: the bounds above, seconds
+        (`--startup_timeout_secs`, `--fault_timeout_secs`).
+      finished: called every poll of a wait; raises `errors.TrainingFinished` once
+        the run is over (a non-chief worker), or None.
+      restore_secs: how much longer than the outage limit a replacement's creation
+        may take while every peer answers (the chief's restore of a large model).
     """
 
-    def __init__(self, config: TrainConfig, cluster: Cluster, task: Task,
-                 outage: faults.Outage, restore_secs: float = 0.0):
-        self._config, self._cluster, self._task, self._outage = config, cluster, task, outage
+    def __init__(self, cluster: Cluster, task: Task, outage: faults.Outage,
+                 startup_timeout_secs: float, fault_timeout_secs: float,
+                 finished=None, restore_secs: float = 0.0):
+        self._cluster, self._task, self._outage = cluster, task, outage
+        self._startup_secs, self._fault_secs = startup_timeout_secs, fault_timeout_secs
+        self._finished = finished or (lambda: None)
         self._restore_secs = restore_secs
         self._sessions = 0
         # The first session's creation may wait for the chief's model for
         # --startup_timeout_secs itself (`WorkerSessionCreator`); past that, and the
         # margin, it is stuck (a ps frozen during start-up).
-        self._first_limit_secs = config.startup_timeout_secs + 60.0
+        self._first_limit_secs = startup_timeout_secs + 60.0
         self._first_deadline: Optional[float] = None
 
     def cluster_alive(self) -> bool:
         """Whether every ps task accepts connections now."""
         return all(probes.reachable(a, 0.1) for a in self._cluster.ps_hosts)
 
-    def _finished(self) -> None:
-        """A worker: raises `errors.TrainingFinished` once the run is over."""
-        config = self._config
-        if not self._task.is_chief and config.output_dir:
-            checkpoints.check_finished(config.output_dir, config.train_steps)
-
     def wait_for_cluster(self) -> None:
-        """Waits for every ps to answer: at start-up within `--startup_timeout_secs`, for a
+        """Waits for every ps to answer: at start-up within `startup_timeout_secs`, for a
         session lost mid-run on the task's outage clock."""
-        config, task = self._config, self._task
+        task = self._task
         self._sessions += 1
         if self._sessions == 1:
-            probes.wait_for_ps(self._cluster, config.startup_timeout_secs,
+            probes.wait_for_ps(self._cluster, self._startup_secs,
                                give_up=self._finished, answer=True)
             self._first_deadline = time.monotonic() + self._first_limit_secs
             return
@@ -233,12 +244,12 @@ class _ClusterWaits:
         self._outage.begin()
         logging.warning("%s: session lost (a task failed or stopped answering); making a "
                         "new one (giving up %.0f s into the outage, --fault_timeout_secs)",
-                        task.name, config.fault_timeout_secs)
+                        task.name, self._fault_secs)
 
         def give_up():
             self._finished()
             self._outage.check()
-        probes.wait_for_ps(self._cluster, config.fault_timeout_secs, give_up=give_up,
+        probes.wait_for_ps(self._cluster, self._fault_secs, give_up=give_up,
                            flag="--fault_timeout_secs", answer=True)
 
     def guard(self) -> None:
