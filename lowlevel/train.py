@@ -172,9 +172,12 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
     2 s (the helper threads of lowlevel's hooks end at the last step).
 
     Returns:
-      A `tf.compat.v1.train.MonitoredSession`.
+      A `tf.compat.v1.train.MonitoredSession`; on a cluster, wrapped so that its `run` has
+      the deadline and the outage clock (`_WatchedSession`; every other attribute is the
+      session's).
 
-    Raises (from the session's creation):
+    Raises (from the session's creation; the wrapped `run` raises the first):
+      errors.NetworkFault: the peers did not answer for `FAULT_TIMEOUT_SECS`.
       errors.StartupError: a ps did not answer within `STARTUP_TIMEOUT_SECS`.
       tf.errors.DeadlineExceededError: (a non-chief) the chief had no model ready within
         `max_wait_secs` seconds.
