@@ -316,14 +316,10 @@ def _chief_hooks(scaffold, checkpoint_dir, summary_dir, log_step_count_steps, sa
                  save_summaries_secs=USE_DEFAULT, save_checkpoint_steps=USE_DEFAULT) -> list:
     """The chief's stock hooks, with TensorFlow 2.21's defaults (its
     `training/monitored_session.py`): step counter, summaries, checkpoints."""
-    if save_summaries_steps is USE_DEFAULT and save_summaries_secs is USE_DEFAULT:
-        save_summaries_steps, save_summaries_secs = 100, None
-    save_summaries_steps = None if save_summaries_steps is USE_DEFAULT else save_summaries_steps
-    save_summaries_secs = None if save_summaries_secs is USE_DEFAULT else save_summaries_secs
-    if save_checkpoint_steps is USE_DEFAULT and save_checkpoint_secs is USE_DEFAULT:
-        save_checkpoint_steps, save_checkpoint_secs = None, 600
-    save_checkpoint_steps = None if save_checkpoint_steps is USE_DEFAULT else save_checkpoint_steps
-    save_checkpoint_secs = None if save_checkpoint_secs is USE_DEFAULT else save_checkpoint_secs
+    save_summaries_steps, save_summaries_secs = _every(save_summaries_steps,
+                                                       save_summaries_secs, (100, None))
+    save_checkpoint_steps, save_checkpoint_secs = _every(save_checkpoint_steps,
+                                                         save_checkpoint_secs, (None, 600))
     made = []
     if summary_dir and log_step_count_steps and log_step_count_steps > 0:
         made.append(v1.train.StepCounterHook(output_dir=summary_dir,
@@ -337,6 +333,14 @@ def _chief_hooks(scaffold, checkpoint_dir, summary_dir, log_step_count_steps, sa
                                                  save_secs=save_checkpoint_secs,
                                                  scaffold=scaffold, save_graph_def=save_graph_def))
     return made
+
+
+def _every(steps, secs, default: tuple) -> tuple:
+    """(steps, secs) of a hook's period: `default` when neither was given, else the one
+    given and None for the other (TensorFlow 2.21's rule for MonitoredTrainingSession)."""
+    if steps is USE_DEFAULT and secs is USE_DEFAULT:
+        return default
+    return (None if steps is USE_DEFAULT else steps, None if secs is USE_DEFAULT else secs)
 
 
 def _session_creator(cluster: Cluster, task: Task, is_chief: bool, scaffold, master, config,
