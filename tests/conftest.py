@@ -16,15 +16,6 @@ import_tensorflow()
 # groups of files run on one worker, one after another (`pytest_xdist_make_scheduler`
 # below); every other test is a unit of its own, sent to whichever worker is free:
 XDIST_GROUPS = {
-    # network namespaces on bridges, cut links, frozen peers: most of their time is spent
-    # waiting on fault timers (test_network_faults alone: ~640 s, ~35 % of the serial
-    # suite, at well under one core), so they run beside the CPU-bound tests of the
-    # other worker rather than with each other. (Apart, on three workers: no faster, the
-    # two cores were busy 80-100 % of the time, and a fault test failed on its timing,
-    # docs/testing.md.)
-    # test_tf1_programs joins them: its default-limit row waits ~100 s on a frozen ps.
-    "netns": ("test_network_faults.py", "test_across_hosts.py", "test_chaos.py",
-              "test_links.py", "test_netns.py", "test_k8s.py", "test_tf1_programs.py"),
     # launcher memory cgroups: test_launch compares the cgroups before and after a run.
     "memory_cgroups": ("test_launch.py", "test_sparse_bench.py"),
 }
@@ -32,7 +23,8 @@ XDIST_GROUPS = {
 # The groups go out first, the largest first (xdist's scope reordering); then the other
 # files' tests, these first, longest first (seconds summed over their tests, serial,
 # docs/testing.md): a worker that takes a long test late leaves the other idle at the end.
-SLOW_FIRST = ("test_recovery.py", "test_image.py",
+SLOW_FIRST = ("test_network_faults.py", "test_chaos.py", "test_recovery.py", "test_image.py",
+              "test_tf1_programs.py", "test_k8s.py",
               "test_dynamic_embeddings.py", "test_liveness.py", "test_wide_deep.py",
               "test_ctr_export.py",
               "test_portable_checkpoints.py", "test_storage.py", "test_trainer.py")
@@ -44,21 +36,64 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+# With three or more workers (scripts/test runs three) the last is the waiting lane: it
+# takes only the tests of these files, which mostly wait on fault timers and outages
+# (~840 s of wall at ~0.55 of a core, run 5's per-test CPU, docs/testing.md), one at a
+# time, while the others take the CPU-bound rest on the two cores; a CPU lane takes
+# waiting tests too once no other test is left. Each group of `XDIST_GROUPS` is a lane's
+# too, the lane of its files.
+WAITING = ("test_network_faults.py", "test_chaos.py", "test_links.py", "test_liveness.py",
+           "test_across_hosts.py")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduling by scope, a scope being a group of `XDIST_GROUPS` or one test.
+    """xdist's scheduling by scope, a scope being a group of `XDIST_GROUPS` or one test,
+    each scope in its lane (`WAITING`).
 
     (Not `--dist loadgroup` with `xdist_group` marks: xdist 3.8 names a group by renaming
     the test's `_nodeid`, which pytest 9.2 no longer reads, so every group came apart.)
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    class GroupScheduling(LoadScopeScheduling):
+    def file_of(nodeid: str) -> str:
+        return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+    class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            name = file_of(nodeid)
             return next((g for g, files in XDIST_GROUPS.items() if name in files), nodeid)
 
-    return GroupScheduling(config, log)
+        def _next_scope(self, node):
+            """The first queued scope of `node`'s lane; else, on a CPU lane, any; else None."""
+            waiting = {s: file_of(next(iter(unit))) in WAITING
+                       for s, unit in self.workqueue.items()}
+            if len(self.nodes) < 3:
+                return next(iter(self.workqueue), None)
+            if node.gateway.id == f"gw{len(self.nodes) - 1}":
+                return next((s for s, w in waiting.items() if w), None)
+            return next((s for s, w in waiting.items() if not w), next(iter(waiting), None))
+
+        def _assign_work_unit(self, node) -> None:
+            scope = self._next_scope(node)
+            if scope is None:
+                node.shutdown()
+                return
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid)
+                                    for nodeid, done in work_unit.items() if not done])
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+
+    return LaneScheduling(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):
