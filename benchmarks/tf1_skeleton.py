@@ -1,6 +1,6 @@
 """The Distributed TensorFlow guide's skeleton trainer, stock TensorFlow against `python -m lowlevel`.
 
-    python -m benchmarks.tf1_skeleton [--last_step=1000] [--runs=1] [--sync]
+    python -m benchmarks.tf1_skeleton [--last_step=1000] [--runs=1] [--sync_replicas]
 
 Runs tests/tf1_scripts/skeleton_trainer.py (the guide's text, an MLP on digits) as 1 ps + 2
 workers on localhost, first with plain `python` (stock TensorFlow 2.21), then under
@@ -9,7 +9,9 @@ chief) once worker1 waits for the model (tasks of a real cluster start in any or
 For each it prints, as a markdown table: each task's exit status and when it exited
 (seconds after the chief; "running" if still up `--linger_secs` after the chief, then it
 is killed), how long after the chief the non-chief began (TensorFlow's "Done running
-local_init_op" lines) and the global step of the final checkpoint.
+local_init_op" lines), how long the chief ran (start to exit, seconds) and the global
+step of the final checkpoint. `--sync_replicas`:
+the script's `SyncReplicasOptimizer` over both workers, with its hook.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ def _began(log: str) -> float | None:
     return None
 
 
-def run_once(runner: str, last_step: int, linger_secs: float, out: str) -> dict:
+def run_once(runner: str, last_step: int, linger_secs: float, out: str,
+             sync: bool = False) -> dict:
     """One cluster of `runner`; returns its row (see the module doc)."""
     ps, w0, w1 = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(3))
     common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--last_step={last_step}",
-              f"--checkpoint_dir={os.path.join(out, 'ckpt')}"]
+              f"--checkpoint_dir={os.path.join(out, 'ckpt')}", f"--sync_replicas={sync}"]
     procs, logs = {}, {}
 
     def start(job, index):
@@ -67,6 +70,7 @@ def run_once(runner: str, last_step: int, linger_secs: float, out: str) -> dict:
             break
         time.sleep(0.1)
     start("worker", 0)
+    chief_started = time.monotonic()
     exited = {}
     deadline = time.monotonic() + 600
     while len(exited) < 3 and time.monotonic() < deadline:
@@ -84,6 +88,7 @@ def run_once(runner: str, last_step: int, linger_secs: float, out: str) -> dict:
     began = [_began(logs[n]) for n in ("worker0", "worker1")]
     step = _final_step(os.path.join(out, "ckpt"))
     row = {"runner": runner, "final_step": step,
+           "chief_ran_s": round(chief - chief_started, 1) if chief else None,
            "nonchief_began_after_chief_s": (round(began[1] - began[0], 1)
                                             if None not in began else None)}
     for name in ("ps0", "worker0", "worker1"):
@@ -108,14 +113,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="clusters per runner")
     parser.add_argument("--linger_secs", type=float, default=20.0,
                         help="how long a task may run on after the chief exits")
+    parser.add_argument("--sync_replicas", action="store_true",
+                        help="the script's SyncReplicasOptimizer over both workers")
     flags = parser.parse_args()
     rows = []
     for k in range(flags.runs):
         for runner in RUNNERS:
             out = tempfile.mkdtemp(prefix=f"tf1_skeleton_{runner}_")
-            rows.append(run_once(runner, flags.last_step, flags.linger_secs, out))
+            rows.append(run_once(runner, flags.last_step, flags.linger_secs, out,
+                                 flags.sync_replicas))
             print(rows[-1], flush=True)
-    keys = ["runner", "ps0", "worker0", "worker1", "nonchief_began_after_chief_s", "final_step"]
+    keys = ["runner", "ps0", "worker0", "worker1", "nonchief_began_after_chief_s", "chief_ran_s",
+            "final_step"]
     print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for row in rows:
         print("| " + " | ".join(str(row[k]) for k in keys) + " |")

@@ -6,9 +6,16 @@ Before the script runs: TensorFlow imported quietly (its C++ start-up lines hidd
 (`cluster.channels`), `tf.compat.v1.train.Server` and `MonitoredTrainingSession` replaced
 by `lowlevel.train`'s (what they take over: that module's doc, docs/tf1-programs.md), and
 `tf.estimator` resolving to `lowlevel.estimator` as `python -m lowlevel.estimator` does.
+A script written in TF1's own namespace (`import tensorflow as tf` with `tf.placeholder`,
+`tf.train.Server`, `tf.app.run`, `tf.contrib...`: any name TensorFlow 2.21's `tensorflow`
+lacks but `tf.compat.v1` has, read from the script's text) gets `tf.compat.v1` for its
+`import tensorflow`, in graph mode, with the few `tf.contrib` functions such scripts use
+mapped to their TF 2.21 homes, and one line on stderr saying so; any other `tf.contrib`
+name ends it with one line naming it and its replacement (exit status 1): the rule and
+the table are `lowlevel.tf1_namespace`'s doc. Other scripts run as they are.
 Then SCRIPT runs as `__main__` with `sys.argv = [SCRIPT, ARGS...]`, as `python SCRIPT.py
-ARGS` would. Exit status: the script's (0 when it ends; a ps whose `server.join()` returned
-at the end of training ends so); 128 + N when signal N stopped it (143: SIGTERM, at a safe
+ARGS` would. Exit status: the script's (0 when it ends; a ps's `server.join()` ends the
+process with 0 at the end of training); 128 + N when signal N stopped it (143: SIGTERM, at a safe
 point once training has begun, `lowlevel.train`); a traceback and 1 for an exception of
 the script; one line and the status of `lowlevel.errors`' table for a failure of the
 runtime (200: a ps that does not answer); 2 for no script or one that does not exist.
@@ -20,7 +27,7 @@ from lowlevel.cluster import channels
 
 USAGE = ("usage: python -m lowlevel SCRIPT.py [ARGS...]\n\n"
          "Runs a TF1 program (tf.compat.v1.train.Server, MonitoredTrainingSession, ...) or a\n"
-         "tf.estimator script unmodified on lowlevel's runtime: a ps's server.join() returns\n"
+         "tf.estimator script unmodified on lowlevel's runtime: a ps's server.join() exits 0\n"
          "when the chief ends the training, a non-chief starts within a second of the chief's\n"
          "model, every task exits 0. ARGS go to the script.\n")
 
@@ -30,11 +37,14 @@ def main(argv=None) -> int:
     channels.use_channel_options()  # before TensorFlow makes a channel
     from lowlevel.tf_import import import_quietly
     import_quietly()  # TensorFlow's start-up lines hidden; the script's mode left to it
-    from lowlevel import train
+    from lowlevel import tf1_namespace, train
     from lowlevel.estimator import __main__ as scripts
     train.install()
-    code = scripts.main(argv, prog="lowlevel", usage=USAGE)
-    return _preempted_status(code)
+    code = scripts.main(argv, prog="lowlevel", usage=USAGE, prepare=tf1_namespace.prepare)
+    code = _preempted_status(code)
+    if code == 0:
+        train.end_of_script()  # a loop of its own (no MonitoredTrainingSession): the end here
+    return code
 
 
 def _preempted_status(code: int) -> int:
@@ -50,7 +60,10 @@ def _preempted_status(code: int) -> int:
 
 
 def run():
-    """Console-script entry point (`lowlevel-run`)."""
+    """Console-script entry point (`lowlevel-run`). Started by `lowlevel.launch --script`,
+    the task first binds its life to the launcher's (`ops.lifetime`: SIGTERM when it dies)."""
+    from lowlevel.ops.lifetime import die_with_parent
+    die_with_parent()
     from lowlevel.estimator import __main__ as scripts
     scripts.run(main)
 

@@ -103,6 +103,13 @@ class StorageFailure(RuntimeFailure):
     a restart would hit the same full or read-only disk."""
 
 
+class ContribUnavailable(RuntimeFailure, ImportError):
+    """A script in TF1's own namespace used a `tf.contrib` name that TensorFlow 2.21 has not
+    and lowlevel does not map (`lowlevel.tf1_namespace`): the message names it and its
+    replacement where one is known. A restart runs the same script. Also an `ImportError`,
+    so that a script's `except ImportError:` fallback (to `tf_slim`, say) takes it."""
+
+
 class RestartsSpent(RuntimeFailure):
     """This task has been restarted `--max_restarts` times in this run (`lowlevel.runtime.restarts`):
     a crash loop turned into a permanent exit (1)."""

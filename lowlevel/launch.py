@@ -27,10 +27,28 @@ Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
 SIGTERM should the launcher itself die, even by SIGKILL (Linux
 `PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.ops.lifetime`), so no
 orphan is left behind.
+
+Your own TF1 program in place of the trainer:
+
+    python -m lowlevel.launch --script=SCRIPT.py --num_workers=2 -- --last_step=1000
+    python -m lowlevel.launch --script=SCRIPT.py --script_cluster=tf_config -- ARGS
+
+Each task is then `python -m lowlevel SCRIPT.py ARGS` (ARGS: everything after `--`) plus
+its cluster: the Distributed TensorFlow guide's `--ps_hosts --worker_hosts --job_name
+--task_index` after ARGS (`--script_cluster=flags`, the default) or `TF_CONFIG` in its
+environment (`tf_config`: {"cluster": {"ps": [...], "worker": [...]}, "task": ...};
+worker 0 is the chief either way: no `chief` job, which an Estimator script needs).
+Isolation, the prefixes, `--max_restarts`, `--memory` and the exit status are as above;
+the trainer's flags (`--model`, `--output_dir`, ...) and `--evaluator` do not apply (one
+usage line, exit 2). A script's task is started as a process of its own, not forked (the
+script runs as `__main__` of a fresh interpreter), and there is no live progress line (a
+script's tasks write no events). Once the chief has exited 0, the workers left are
+stopped after `PS_AFTER_CHIEF_SECS`, as the ps tasks are.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -41,7 +59,7 @@ from absl import app, flags
 
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
-from lowlevel.ops import isolation, memory_limits
+from lowlevel.ops import isolation, k8s, memory_limits
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 from lowlevel.runtime import restarts
 
@@ -65,7 +83,8 @@ flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own 
                      "(which run any graph sent to them, with no authentication).")
 flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once it has "
                      "imported TensorFlow (about 3 s of CPU per task saved: lowlevel.ops.forking); "
-                     "--nofork starts every task as its own python -m lowlevel.trainer.")
+                     "--nofork starts every task as its own python -m lowlevel.trainer. "
+                     "A --script's tasks are never forked.")
 flags.DEFINE_string("memory", None, "Each task's memory limit (Kubernetes quantities), one "
                     "value for every task (4Gi) or per role (ps=12Gi,worker=4Gi,chief=4Gi,"
                     "evaluator=2Gi): each task runs in a memory cgroup of its own, so one that "
@@ -74,6 +93,18 @@ flags.DEFINE_string("memory", None, "Each task's memory limit (Kubernetes quanti
                     "Default: no limit.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
+flags.DEFINE_string("script", None, "Run your own TF1 program on every task instead of the "
+                    "trainer: each task is python -m lowlevel SCRIPT ARGS "
+                    "(ARGS: everything after --) plus its cluster (--script_cluster). Trainer "
+                    "flags and --evaluator do not apply; --num_ps, --num_workers, "
+                    "--max_restarts, --memory, --no_isolation do. Each task starts cold (not "
+                    "forked: the script runs as __main__ of a fresh process); no live "
+                    "progress line.")
+flags.DEFINE_enum("script_cluster", "flags", ["flags", "tf_config"], "With --script, how each "
+                  "task is given the cluster: flags: the Distributed TensorFlow guide's "
+                  "--ps_hosts, --worker_hosts, --job_name, --task_index after ARGS; tf_config: "
+                  "the TF_CONFIG environment variable (jobs ps and worker; worker 0 is the "
+                  "chief).")
 
 
 def trainer_args() -> list[str]:
@@ -166,16 +197,84 @@ def _close_memory(memory: "memory_limits.TaskCgroups") -> None:
               flush=True)
 
 
+def script_commands(script: str, script_args: list[str], num_ps: int, num_workers: int,
+                    cluster_as: str = "flags", host: str = "127.0.0.1"
+                    ) -> tuple[dict[str, list[str]], dict[str, dict]]:
+    """A script's cluster on free ports of `host`: ({task name: argv}, {task name: variables
+    added to its environment}).
+
+    Every task runs `python -m lowlevel SCRIPT ARGS`; `cluster_as` "flags" appends the
+    Distributed TensorFlow guide's `--ps_hosts --worker_hosts --job_name --task_index`,
+    "tf_config" sets `TF_CONFIG` instead (jobs ps and worker, worker 0 the chief).
+    """
+    ps = [f"{host}:{portpicker.pick_unused_port()}" for _ in range(num_ps)]
+    workers = [f"{host}:{portpicker.pick_unused_port()}" for _ in range(num_workers)]
+    base = [sys.executable, "-m", "lowlevel", script, *script_args]
+    cluster = {"ps": ps, "worker": workers}
+    commands, envs = {}, {}
+    for job, hosts in cluster.items():
+        for index in range(len(hosts)):
+            name = f"{job}{index}"
+            if cluster_as == "flags":
+                commands[name] = base + k8s.guide_flags(cluster, job, index)
+            else:
+                commands[name] = list(base)
+                envs[name] = {"TF_CONFIG": json.dumps(
+                    {"cluster": cluster, "task": {"type": job, "index": index}})}
+    return commands, envs
+
+
+def check_script_flags(script_args: list[str]) -> None:
+    """Refuses, before anything starts, what does not apply to `--script`.
+
+    Raises:
+      UsageError: no such script; a trainer flag (`--model`, `--output_dir`, ...; the
+        script's own flags go after `--`) or `--evaluator` given; a cluster flag of the
+        guide after `--` with `--script_cluster=flags` (the launcher sets them).
+    """
+    if not os.path.isfile(FLAGS.script):
+        raise UsageError(f"--script={FLAGS.script}: no such file")
+    for name in cli.CLUSTER_FLAGS:
+        if FLAGS[name].present:
+            raise UsageError(f"--{name} is set by the launcher; use --num_ps/--num_workers")
+    given = [n for n in cli.trainer_flag_names() if FLAGS[n].present and n != "max_restarts"]
+    if FLAGS.evaluator:
+        given.insert(0, "evaluator")
+    if given:
+        raise UsageError(f"--{given[0]} is the trainer's and does not apply to --script; the "
+                         f"script's own flags go after '--' (python -m lowlevel.launch "
+                         f"--script={FLAGS.script} -- ARGS)")
+    if FLAGS.script_cluster == "flags":
+        for arg in script_args:
+            if arg.split("=")[0] in ("--ps_hosts", "--worker_hosts", "--job_name",
+                                     "--task_index"):
+                raise UsageError(f"{arg} after '--': the launcher gives each task its "
+                                 "cluster flags; use --num_ps/--num_workers")
+
+
 def main(argv) -> int:
-    """Starts the cluster's tasks and supervises them; returns the launcher's exit status."""
-    if len(argv) > 1:
+    """Starts the cluster's tasks (the trainer's, or `--script`'s) and supervises them;
+    returns the launcher's exit status.
+
+    Raises:
+      UsageError: a flag that does not apply or is out of range; TF_CONFIG set.
+    """
+    if FLAGS.script is None and len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
+    if FLAGS.script is None and FLAGS["script_cluster"].present:
+        raise UsageError("--script_cluster applies only with --script=SCRIPT.py")
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
-    max_restarts = FLAGS.max_restarts or 0
     if os.environ.get("TF_CONFIG"):
         raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
+    if FLAGS.script is not None:
+        return _launch_script(argv[1:])
+    return _launch_trainer()
+
+
+def _launch_trainer() -> int:
+    """The trainer's cluster: checks its flags, starts and supervises its tasks."""
     extra = trainer_args()
     cli.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
     limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
@@ -190,13 +289,38 @@ def main(argv) -> int:
           f"output in {output_dir}", flush=True)
     if FLAGS.metrics_port:
         print(f"launch: {metrics_ports(commands, FLAGS.metrics_port)}", flush=True)
+    return _run(commands, {}, limits, output_dir, FLAGS.fork)
+
+
+def _launch_script(script_args: list[str]) -> int:
+    """`--script`'s cluster: `python -m lowlevel SCRIPT ARGS` per task, started cold."""
+    check_script_flags(script_args)
+    limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
+    where = _confine() if not FLAGS.no_isolation else "on localhost"
+    commands, envs = script_commands(FLAGS.script, script_args, FLAGS.num_ps,
+                                     FLAGS.num_workers, FLAGS.script_cluster)
+    given = ("the guide's --ps_hosts --worker_hosts --job_name --task_index"
+             if FLAGS.script_cluster == "flags" else "TF_CONFIG")
+    print(f"launch: {FLAGS.script} (python -m lowlevel) as {FLAGS.num_ps} ps + "
+          f"{FLAGS.num_workers} workers {where}; each task given {given}", flush=True)
+    # After the chief's end a worker left (one restarted late) waits for ps tasks that are
+    # gone: stopped like a ps.
+    return _run(commands, envs, limits, None, fork=False, after_chief=("ps", "worker"))
+
+
+def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str, int],
+         output_dir, fork: bool, after_chief: tuple = ("ps",)) -> int:
+    """Starts `commands` (forked from this process with `fork`), supervises them to the
+    end and reports it; returns the exit status. `output_dir` (the trainer's; None for a
+    script) feeds the live progress line and names the final metrics."""
     started = time.monotonic()
-    if FLAGS.fork:
+    if fork:
         preload(verbose=FLAGS.verbosity >= 1)
     # One run for the tasks' restart budgets (lowlevel.runtime.restarts), whatever --output_dir holds.
     os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
     memory = _memory_cgroups(limits)
-    sup = Supervisor(commands, max_restarts=max_restarts, fork=FLAGS.fork, memory=memory)
+    sup = Supervisor(commands, max_restarts=FLAGS.max_restarts or 0, fork=fork,
+                     memory=memory, envs=envs)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
@@ -207,17 +331,19 @@ def main(argv) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    progress = Progress() if sys.stdout.isatty() else None
-    code = supervise(sup, FLAGS.stop_timeout_secs, progress, os.path.abspath(output_dir))
+    progress = Progress() if sys.stdout.isatty() and output_dir else None
+    code = supervise(sup, FLAGS.stop_timeout_secs, progress,
+                     os.path.abspath(output_dir) if output_dir else None, after_chief)
     elapsed = time.monotonic() - started
     restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
     if memory is not None:
         _close_memory(memory)
     if code == 0:
+        metrics = (f"; metrics in {output_layout.final_metrics(output_dir)}"
+                   if output_dir else "")
         print(f"launch: all {len(commands)} tasks exited 0 after {elapsed:.1f} s"
-              f"{f' (restarts: {restarted})' if restarted else ''}; metrics in "
-              f"{output_layout.final_metrics(output_dir)}", flush=True)
-    if FLAGS.fork:
+              f"{f' (restarts: {restarted})' if restarted else ''}{metrics}", flush=True)
+    if fork:
         # Every task has been reaped and nothing is left to clean; with TensorFlow
         # loaded the interpreter's own teardown took 0.6-0.9 s more (benchmarks/NOTES.md).
         sys.stdout.flush()
@@ -229,7 +355,10 @@ def main(argv) -> int:
 def run():
     """Console-script entry point."""
     app.run(cli.exit_status_main("lowlevel.launch", main),
-            flags_parser=cli.flags_parser("lowlevel.launch", [cli.TRAINER]))
+            flags_parser=cli.flags_parser(
+                "lowlevel.launch", [cli.TRAINER],
+                hint="(python -m lowlevel.launch --help lists the flags; with --script, the "
+                     "script's own go after --: --script=SCRIPT.py -- ARGS)"))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,14 @@ For Kubernetes the addresses are derived, not given (`lowlevel/ops/k8s.py`):
 prints a `TFJob` and a NetworkPolicy (and with `--pod_monitor` a PodMonitor);
 `--format=k8s` a headless Service, one Job per task and the NetworkPolicy, for
 clusters without the training operator (docs/kubernetes.md).
+
+Your own TF1 program (or Estimator script) in place of the trainer, `--script=PATH` (the
+path as the tasks see it) with the script's arguments after `--`: every task runs
+`python -m lowlevel PATH ARGS`, given its cluster as the Distributed TensorFlow guide's
+`--ps_hosts --worker_hosts --job_name --task_index` after ARGS (`--script_cluster=flags`,
+the default but with a TFJob) or as `TF_CONFIG` (`tf_config`, the default with
+`--format=tfjob`: the operator sets it). The pods then have no metrics port or probes
+(a script serves none) and no `--max_restarts` (docs/tf1-programs.md).
 """
 
 from __future__ import annotations
@@ -59,7 +67,21 @@ flags.DEFINE_enum("format", "shell", ["shell", "json", "tfjob", "k8s"], "shell: 
                   "line per task; json: a list of objects; tfjob: a Kubeflow TFJob and a "
                   "NetworkPolicy (YAML); k8s: a headless Service, a Job per task and a "
                   "NetworkPolicy (YAML), for clusters without the training operator.")
-flags.DEFINE_string("python", "python", "The Python command in the printed lines.")
+flags.DEFINE_string("python", "python", "The Python command in the printed lines (and in "
+                    "the containers with --script).")
+flags.DEFINE_string("script", None, "Your own TF1 program (or Estimator script) in place of "
+                    "the trainer: its path as every task sees it (in the image, or on the "
+                    "volume); each task runs python -m lowlevel SCRIPT ARGS (ARGS: everything "
+                    "after --, the script's own) with its cluster (--script_cluster). Not "
+                    "with --sync or trainer flags; tfjob/k8s: no metrics port or probes (a "
+                    "script serves none) and no --max_restarts (--backoff_limit and "
+                    "--active_deadline_secs bound the restarts).")
+flags.DEFINE_enum("script_cluster", None, ["flags", "tf_config"], "With --script: flags: the "
+                  "Distributed TensorFlow guide's --ps_hosts --worker_hosts --job_name "
+                  "--task_index after ARGS (ps and worker jobs only; not with --format=tfjob, "
+                  "whose replicas share one pod template); tf_config: TF_CONFIG in each "
+                  "task's environment. Default: tf_config with --format=tfjob (the training "
+                  "operator sets it), else flags.")
 
 
 def _kubernetes_flag(define, name: str, default, help_text: str) -> None:
@@ -119,16 +141,21 @@ _kubernetes_flag(flags.DEFINE_string, "run_id", None, "TFJob: the run's id for t
                  "The plain Jobs use each Job's uid.")
 
 
+def _jobs(cluster: Cluster, evaluator: bool) -> list[tuple[str, int]]:
+    """(job, task_index) of every task: chief, workers, ps tasks, then the evaluator."""
+    jobs = [(CHIEF, i) for i in range(len(cluster.chief_hosts))]
+    jobs += [(WORKER, i) for i in range(len(cluster.worker_hosts))]
+    jobs += [(PS, i) for i in range(cluster.num_ps)]
+    return jobs + ([(EVALUATOR, 0)] if evaluator else [])
+
+
 def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | None,
                extra: list[str], python: str = "python") -> list[dict]:
     """One dict per task: job, task_index, tf_config (dict), flags (list), command (str)."""
     spec = cluster.as_dict()
     common = ([f"--output_dir={output_dir}"] if output_dir else []) + (
         ["--sync"] if sync else []) + list(extra)
-    jobs = [(CHIEF, i) for i in range(len(cluster.chief_hosts))]
-    jobs += [(WORKER, i) for i in range(len(cluster.worker_hosts))]
-    jobs += [(PS, i) for i in range(cluster.num_ps)]
-    jobs += [(EVALUATOR, 0)] if evaluator else []
+    jobs = _jobs(cluster, evaluator)
     tasks = []
     for job, index in jobs:
         tf_config = {"cluster": spec, "task": {"type": job, "index": index}}
@@ -138,6 +165,62 @@ def make_tasks(cluster: Cluster, sync: bool, evaluator: bool, output_dir: str | 
         tasks.append({"job": job, "task_index": index, "tf_config": tf_config, "flags": argv,
                       "command": command})
     return tasks
+
+
+def make_script_tasks(cluster: Cluster, script: str, args: list[str], cluster_as: str,
+                      evaluator: bool = False, python: str = "python") -> list[dict]:
+    """One dict per task of `python -m lowlevel SCRIPT ARGS`, as `make_tasks`' (`flags`: the
+    runner's arguments): with `cluster_as` "flags" the guide's cluster flags after ARGS
+    (`tf_config` None), with "tf_config" the `TF_CONFIG` before the command."""
+    spec = cluster.as_dict()
+    jobs = _jobs(cluster, evaluator)
+    tasks = []
+    for job, index in jobs:
+        tf_config = {"cluster": spec, "task": {"type": job, "index": index}}
+        argv = [script, *args]
+        if cluster_as == "flags":
+            argv += k8s.guide_flags(spec, job, index)
+            tf_config = None
+        words = " ".join(shlex.quote(a) for a in argv)
+        env = f"TF_CONFIG={shlex.quote(json.dumps(tf_config))} " if tf_config else ""
+        tasks.append({"job": job, "task_index": index, "tf_config": tf_config, "flags": argv,
+                      "command": f"{env}{python} -m lowlevel {words}"})
+    return tasks
+
+
+def script_cluster() -> str:
+    """`--script_cluster`, or its default for `--format`: tf_config for a TFJob, else flags."""
+    return FLAGS.script_cluster or ("tf_config" if FLAGS.format == "tfjob" else "flags")
+
+
+def check_script_flags(args: list[str]) -> None:
+    """Refuses, in one line, what does not apply to `--script` (`args`: the script's).
+
+    Raises:
+      UsageError: --sync, a trainer-only Kubernetes flag (--max_restarts, --metrics_port,
+        --pod_monitor); with the guide's flags: a chief, an evaluator, a TFJob, or one of
+        those flags after `--`.
+    """
+    for flag in ("sync", "max_restarts", "metrics_port", "pod_monitor"):
+        if FLAGS[flag].present:
+            raise UsageError(f"--{flag} is the trainer's and does not apply to --script (a "
+                             "script's own flags go after '--')")
+    if FLAGS.format not in ("tfjob", "k8s") and FLAGS.output_dir:
+        raise UsageError(f"--output_dir is the trainer's with --format={FLAGS.format}; give "
+                         "the script its own flags after '--'")
+    if script_cluster() != "flags":
+        return
+    if FLAGS.format == "tfjob":
+        raise UsageError("--script_cluster=flags: a TFJob's replicas share one pod template, "
+                         "so no task can be given its own --task_index; the operator sets "
+                         "TF_CONFIG (--script_cluster=tf_config), or use --format=k8s")
+    if FLAGS.chief or FLAGS.chief_job or FLAGS.evaluator:
+        raise UsageError("--script_cluster=flags: the guide's flags name ps and worker tasks "
+                         "only (worker 0 is the chief); for a chief or an evaluator use "
+                         "--script_cluster=tf_config")
+    for arg in args:
+        if arg.split("=")[0] in ("--ps_hosts", "--worker_hosts", "--job_name", "--task_index"):
+            raise UsageError(f"{arg}: set by this tool for each task; drop it")
 
 
 ROLES = (CHIEF, WORKER, PS, EVALUATOR)
@@ -159,11 +242,52 @@ def _per_role(value, flag: str) -> dict[str, str]:
 
 
 def kubernetes_docs(extra: list[str]) -> list[dict]:
-    """The manifests of --format=tfjob or k8s, from the flags.
+    """The manifests of --format=tfjob or k8s, from the flags (`extra`: the trainer's flags
+    after `--`, or with --script the script's arguments).
 
     Raises:
       UsageError: a missing or malformed --name, --image, --pvc, --output_dir,
         or a layout with no ps or no training task.
+    """
+    _check_kubernetes_flags(extra)
+    name = FLAGS.name
+    replicas = {CHIEF: int(FLAGS.chief_job), WORKER: FLAGS.num_workers, PS: FLAGS.num_ps,
+                EVALUATOR: int(FLAGS.evaluator)}
+    resources = _resources()
+    image = _images()
+    script = FLAGS.script is not None
+    metrics_port = None if script else FLAGS.metrics_port or None
+    options = dataclasses.replace(_pod_options(), scanner_skips=k8s.scanner_skips(
+        image, FLAGS.run_as_user, FLAGS.cpu_limits, probes=bool(metrics_port)))
+    if script:  # python -m lowlevel SCRIPT ARGS: no metrics, no restart budget of its own
+        options = dataclasses.replace(options, metrics_port=None,
+                                      command=(FLAGS.python, "-m", "lowlevel"))
+        args = [FLAGS.script, *extra]
+    else:
+        args = ([f"--output_dir={FLAGS.output_dir}"] + (["--sync"] if FLAGS.sync else [])
+                + ([f"--metrics_port={metrics_port}"] if metrics_port else [])
+                + [f"--max_restarts={FLAGS.max_restarts}"] + extra)
+    build_args = (name, FLAGS.namespace, image, replicas, args, FLAGS.output_dir,
+                  FLAGS.pvc, resources, FLAGS.backoff_limit, options,
+                  FLAGS.active_deadline_secs or None)
+    if FLAGS.format == "tfjob":
+        docs = [k8s.tfjob(*build_args)]
+    else:
+        docs = k8s.plain(*build_args, cluster_flags=script and script_cluster() == "flags")
+    docs.append(k8s.network_policy(name, FLAGS.namespace, metrics_port))
+    if FLAGS.pod_monitor:
+        if not metrics_port:
+            raise UsageError("--pod_monitor needs --metrics_port (the port it scrapes)")
+        docs.append(k8s.pod_monitor(name, FLAGS.namespace))
+    return k8s.note_default_namespace(docs)
+
+
+def _check_kubernetes_flags(extra: list[str]) -> None:
+    """Checks the flags of --format=tfjob or k8s (see `kubernetes_docs`).
+
+    Raises:
+      UsageError: addresses given; a missing or malformed --name, --image, --pvc,
+        --output_dir; no ps or no training task; a flag after `--` this tool sets.
     """
     for flag in ("chief", "workers", "ps"):
         if FLAGS[flag].present:
@@ -183,33 +307,13 @@ def kubernetes_docs(extra: list[str]) -> list[dict]:
     if FLAGS.num_ps < 1 or FLAGS.num_workers < (0 if FLAGS.chief_job else 1):
         raise UsageError(f"--num_ps={FLAGS.num_ps} --num_workers={FLAGS.num_workers}: expected "
                          "at least 1 ps and 1 worker (0 workers only with --chief_job)")
-    replicas = {CHIEF: int(FLAGS.chief_job), WORKER: FLAGS.num_workers, PS: FLAGS.num_ps,
-                EVALUATOR: int(FLAGS.evaluator)}
     if not FLAGS.output_dir.startswith("/"):
         raise UsageError(f"--output_dir={FLAGS.output_dir}: expected an absolute path (where "
                          "the claim is mounted in every pod), e.g. /output")
-    for arg in extra:
+    for arg in extra if FLAGS.script is None else []:  # a script's flags are its own
         if arg.split("=")[0] in MANAGED_FLAGS:
             raise UsageError(f"{arg} after '--': give it to this tool (--{arg[2:]}), which "
                              "sets it in every pod")
-    resources = _resources()
-    image = _images()
-    options = dataclasses.replace(_pod_options(), scanner_skips=k8s.scanner_skips(
-        image, FLAGS.run_as_user, FLAGS.cpu_limits))
-    args = ([f"--output_dir={FLAGS.output_dir}"] + (["--sync"] if FLAGS.sync else [])
-            + ([f"--metrics_port={FLAGS.metrics_port}"] if FLAGS.metrics_port else [])
-            + [f"--max_restarts={FLAGS.max_restarts}"] + extra)
-    build = k8s.tfjob if FLAGS.format == "tfjob" else k8s.plain
-    docs = build(name, FLAGS.namespace, image, replicas, args, FLAGS.output_dir,
-                 FLAGS.pvc, resources, FLAGS.backoff_limit, options,
-                 FLAGS.active_deadline_secs or None)
-    docs = [docs] if isinstance(docs, dict) else docs
-    docs.append(k8s.network_policy(name, FLAGS.namespace, FLAGS.metrics_port or None))
-    if FLAGS.pod_monitor:
-        if not FLAGS.metrics_port:
-            raise UsageError("--pod_monitor needs --metrics_port (the port it scrapes)")
-        docs.append(k8s.pod_monitor(name, FLAGS.namespace))
-    return k8s.note_default_namespace(docs)
 
 
 def _resources() -> dict[str, dict]:
@@ -313,17 +417,36 @@ def check_trainer_flags(extra: list[str]) -> None:
     config_lib.from_flags(trainer, None)
 
 
-def main(argv) -> int:
-    """Prints every task's TF_CONFIG and command, or the Kubernetes manifests; returns 0."""
-    extra = argv[1:]
+def _check_args(extra: list[str]) -> None:
+    """Checks what follows `--`: the trainer's flags, or with --script the script's.
+
+    Raises:
+      UsageError: see `check_script_flags` and `check_trainer_flags`; a positional
+        argument or a cluster flag for the trainer.
+    """
+    if FLAGS.script is not None:
+        check_script_flags(extra)
+        return
+    if FLAGS.script_cluster is not None:
+        raise UsageError("--script_cluster applies only with --script=SCRIPT.py")
     for arg in extra:
         if not arg.startswith("--"):
             raise UsageError(f"unexpected argument {arg!r}: trainer flags go after '--' "
-                                 "as --name=value")
+                             "as --name=value")
         if arg.split("=")[0] in ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts",
                                  "--schedule"):
             raise UsageError(f"{arg}: set by TF_CONFIG and this tool; drop it")
     check_trainer_flags(extra)
+
+
+def main(argv) -> int:
+    """Prints every task's TF_CONFIG and command, or the Kubernetes manifests; returns 0.
+
+    Raises:
+      UsageError: a flag, address or argument this tool or the trainer refuses.
+    """
+    extra = argv[1:]
+    _check_args(extra)
     if FLAGS.format in ("tfjob", "k8s"):
         docs = kubernetes_docs(extra)
         sys.stderr.write(f"# {FLAGS.format}: {len(docs)} documents for run {FLAGS.name} in "
@@ -337,14 +460,19 @@ def main(argv) -> int:
     except UsageError as e:
         raise UsageError(str(e).replace("--ps_hosts", "--ps").replace(
             "--worker_hosts", "--workers")) from None
-    if FLAGS.evaluator and not FLAGS.output_dir:
-        raise UsageError("--evaluator needs --output_dir: the evaluator reads the "
+    if FLAGS.script is not None:
+        tasks = make_script_tasks(cluster, FLAGS.script, extra, script_cluster(),
+                                  FLAGS.evaluator, FLAGS.python)
+        what = f"{FLAGS.script} (python -m lowlevel), given the cluster by {script_cluster()}"
+    else:
+        if FLAGS.evaluator and not FLAGS.output_dir:
+            raise UsageError("--evaluator needs --output_dir: the evaluator reads the "
                              "checkpoints the chief writes there")
-    tasks = make_tasks(cluster, FLAGS.sync, FLAGS.evaluator, FLAGS.output_dir, extra,
-                       FLAGS.python)
-    mode = "sync" if FLAGS.sync else "async"
+        tasks = make_tasks(cluster, FLAGS.sync, FLAGS.evaluator, FLAGS.output_dir, extra,
+                           FLAGS.python)
+        what = "sync training" if FLAGS.sync else "async training"
     chief_note = "a chief job" if chief else "worker 0 as the chief"
-    sys.stderr.write(f"# {mode} training, {chief_note}: {cluster.num_workers} training "
+    sys.stderr.write(f"# {what}, {chief_note}: {cluster.num_workers} training "
                      f"task(s), {cluster.num_ps} ps{', an evaluator' if FLAGS.evaluator else ''}"
                      "; run each line on its machine, in any order\n")
     if FLAGS.format == "json":

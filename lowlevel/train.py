@@ -4,7 +4,7 @@
 
     server = train.Server(cluster, job_name=FLAGS.job_name, task_index=FLAGS.task_index)
     if FLAGS.job_name == "ps":
-        server.join()                  # returns when the chief signals the end of training
+        server.join()                  # serves until the chief ends the training, then exits 0
     ...
     with train.MonitoredTrainingSession(master=server.target, is_chief=..., ...) as sess:
         ...
@@ -18,9 +18,9 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
 
 - `Server`: with no `config`, the thread pools and device filters of lowlevel's tasks
   (`runtime.server.session_config`: the task's CPUs shared among the tasks on its host; a
-  worker sees only the ps job and itself). `join()` on a ps returns once the chief signals
-  the end of training (`runtime.shutdown`, steps 7-8), so the script goes on to its end
-  and the process exits 0; stock `join()` never returns (tensorflow/tensorflow#4713).
+  worker sees only the ps job and itself). `join()` on a ps ends the process with status 0
+  once the chief signals the end of training (`runtime.shutdown`, steps 7-8); stock
+  `join()` never returns (tensorflow/tensorflow#4713).
 - `MonitoredTrainingSession`: lowlevel's session creators (`runtime.sessions`): a
   non-chief polls for the chief's model every 0.5 s (stock: every 30 s, so it ran its
   first step ~30 s after the chief), each session waits for the ps tasks first, bounded,
@@ -40,13 +40,24 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   the chief's close saves its checkpoint; the process exits 128 + N (143 for SIGTERM:
   retryable), and at once with it before training (`runtime.preemption`).
 
-Not taken over yet (stock behaviour): the exact final step of an async run (`StopAtStepHook` stops
-each worker at or after `last_step`; workers' steps in flight carry it past),
-`SyncReplicasOptimizer`'s hook, `replica_device_setter`'s placement.
+- The step: once a task's `Server` is made, an optimizer's `minimize`/`apply_gradients`
+  with a global step is the counted step (`modes.script_steps`), its limit the
+  `last_step` of the `StopAtStepHook` given to `MonitoredTrainingSession`: an async run
+  ends at exactly that step (stock: up to (workers - 1) past it; a worker whose step finds
+  no step left ends its `with` block as at the end of its input). With
+  `SyncReplicasOptimizer`, its `make_session_run_hook` gets the runtime's hook, whose
+  chief loop stops at the last step (stock: it blocks in the ps's accumulators until its
+  session is closed, tensorflow/tensorflow#7970), and the outage clock counts the other
+  workers too (a sync step waits for them).
+
+Not taken over yet (stock behaviour): `replica_device_setter`'s placement; a last step
+given as `StopAtStepHook(num_steps=...)` (the steps run uncounted); `tf.train.Supervisor`.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Optional
 
@@ -55,14 +66,17 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.cluster.spec import CHIEF, PS, WORKER, Cluster, Task
+from lowlevel.cluster import probes
 from lowlevel.errors import UsageError
+from lowlevel.modes import script_steps
 from lowlevel.runtime import server as server_lib
-from lowlevel.runtime import faults, preemption, sessions, shutdown
+from lowlevel.runtime import faults, hooks as runtime_hooks, preemption, sessions, shutdown
 from lowlevel.runtime.training import STOP_GRACE_SECS, ClusterWaits
 
 v1 = tf.compat.v1
 _stock = v1.train  # the module itself: its attributes are replaced by `install`
-_STOCK = {name: getattr(_stock, name) for name in ("Server", "MonitoredTrainingSession")}
+_STOCK = {name: getattr(_stock, name)
+          for name in ("Server", "MonitoredTrainingSession", "StopAtStepHook")}
 
 # The trainer's defaults (`lowlevel.config.TrainConfig`), seconds: a session's wait for the
 # ps tasks to answer at start-up (--startup_timeout_secs); the deadline of every run
@@ -71,6 +85,9 @@ _STOCK = {name: getattr(_stock, name) for name in ("Server", "MonitoredTrainingS
 STARTUP_TIMEOUT_SECS = 600.0
 STEP_TIMEOUT_SECS = 60.0
 FAULT_TIMEOUT_SECS = 90.0
+# Sync: seconds a step may wait for gradients before the chief logs the workers that do
+# not answer (--sync_timeout_secs).
+SYNC_TIMEOUT_SECS = 30.0
 # Seconds the chief waits after its last step for the other workers' end reports (the
 # trainer's --shutdown_timeout_secs default).
 SHUTDOWN_TIMEOUT_SECS = 60.0
@@ -80,6 +97,7 @@ _STOCK_STOP_GRACE_SECS = 120
 # The servers this process started with a cluster: {server.target: (Cluster, Task,
 # the server's ConfigProto)}.
 _tasks: dict[str, tuple] = {}
+_protocol_in_hooks: set[str] = set()  # the targets a MonitoredTrainingSession of ours ran on
 _lock = threading.Lock()
 
 
@@ -116,13 +134,14 @@ def _cluster_and_task(server_or_cluster_def, job_name, task_index) -> tuple[Clus
 
 
 class Server(_STOCK["Server"]):
-    """`tf.compat.v1.train.Server` whose `join()` on a ps returns at the end of training.
+    """`tf.compat.v1.train.Server` whose `join()` on a ps ends the process at the end of training.
 
     Same arguments as `tf.compat.v1.train.Server`. For a ps/worker cluster (jobs ps and
     worker, an optional chief) with `config` None, the task's server gets lowlevel's
     session config (thread pools sized from the task's CPUs among the tasks on its host,
-    device filters: `runtime.server.session_config`). Any other cluster gets the stock
-    server, `join()` included.
+    device filters: `runtime.server.session_config`); from then on, in this process, an
+    optimizer's apply with a global step is the counted step (`modes.script_steps`). Any
+    other cluster gets the stock server, `join()` included.
     """
 
     def __init__(self, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
@@ -138,17 +157,35 @@ class Server(_STOCK["Server"]):
                          protocol=protocol, config=config, start=start)
         self.task = task
         if task is not None:
+            script_steps.install()  # the counted step, for the graph the script builds next
             with _lock:
                 _tasks[self.target] = (cluster, task, config)
             logging.info("%s: server listening (%s)", task.name, self.target)
 
     def join(self):
-        """A ps: serves until the chief signals the end of training, then returns.
-        Any other task: `tf.compat.v1.train.Server.join` (blocks until the process ends)."""
+        """A ps: serves until the chief signals the end of training, then ends the process
+        with status 0 (its output flushed). It does not return: stock `join()` never does,
+        so no script's code after it was ever run, and some go on into the worker's code
+        if it returns (TensorFlow's `mnist_replica.py` builds the model and waits for a
+        session as worker 0). Any other task: `tf.compat.v1.train.Server.join` (blocks
+        until the process ends)."""
         if self.task is None or self.task.job_name != PS:
             return super().join()
         shutdown.run_std_server(self, self.task, _tasks[self.target][2])
-        return None
+        logging.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # a Server has no working Stop(): its destructor could hang an exit
+
+
+class StopAtStepHook(_STOCK["StopAtStepHook"]):
+    """`tf.compat.v1.train.StopAtStepHook` (same arguments, same behaviour) whose
+    `last_step` (int, or None when `num_steps` was given) `MonitoredTrainingSession` reads:
+    it is the limit of the script's counted steps (`modes.script_steps`)."""
+
+    def __init__(self, num_steps=None, last_step=None):
+        super().__init__(num_steps=num_steps, last_step=last_step)
+        self.last_step = last_step
 
 
 USE_DEFAULT = object()  # an argument not given (as tf.compat.v1.train's own USE_DEFAULT)
@@ -186,8 +223,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
         save_checkpoint_secs=save_checkpoint_secs, save_summaries_steps=save_summaries_steps,
         save_summaries_secs=save_summaries_secs,
         save_checkpoint_steps=save_checkpoint_steps).items() if v is not USE_DEFAULT}
-    with _lock:
-        found = _tasks.get(master)
+    found = _claim(master)
     if found is None:
         return _STOCK["MonitoredTrainingSession"](
             master=master, is_chief=is_chief, checkpoint_dir=checkpoint_dir, scaffold=scaffold,
@@ -201,8 +237,9 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
                    _chief_hooks(scaffold, checkpoint_dir, summary_dir or checkpoint_dir,
                                 log_step_count_steps, save_graph_def, **given)
                    if is_chief else [])
-    ordered = _protocol_hooks(cluster, task, chief_hooks + list(hooks or []))
-    outage = faults.Outage(task.name, faults.peers_of(cluster, task, sync=False),
+    steps, sync = _counted(cluster, chief_hooks + list(hooks or []))
+    ordered = _protocol_hooks(cluster, task, steps)
+    outage = faults.Outage(task.name, faults.peers_of(cluster, task, sync=sync),
                            FAULT_TIMEOUT_SECS)
     creator = _session_creator(cluster, task, is_chief, scaffold, master,
                                _with_deadline(config or server_config), checkpoint_dir,
@@ -213,6 +250,52 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
     outage.watchdog()
     return _WatchedSession(session, faults.FaultWatch(
         task.name, outage.peers, STEP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS, outage=outage))
+
+
+def _claim(master: str) -> Optional[tuple]:
+    """(Cluster, Task, ConfigProto) of this process's `Server` whose target is `master`,
+    now marked as running the protocol in its session's hooks; None if there is none."""
+    with _lock:
+        found = _tasks.get(master)
+        if found is not None:
+            _protocol_in_hooks.add(master)
+    return found
+
+
+def _counted(cluster: Cluster, hooks: list) -> tuple[list, bool]:
+    """Closes the limit of the default graph's counted steps at the last step of the
+    `StopAtStepHook`s among `hooks` (the smallest), and puts the runtime's sync hook, which
+    stops at it, in place of each `SyncReplicasOptimizer` hook (`modes.script_steps`).
+    Returns (the hooks, whether the script trains in sync). With no last step (no
+    `StopAtStepHook`, or one given `num_steps`) the steps and hooks stay as they are."""
+    last = [h.last_step for h in hooks if getattr(h, "last_step", None) is not None
+            and isinstance(h, _STOCK["StopAtStepHook"])]
+    sync = any(isinstance(h, script_steps.DeferredSyncHook) for h in hooks)
+    if not last:
+        if v1.get_collection(script_steps.COUNTED_STEPS) or sync:
+            logging.info("no StopAtStepHook(last_step=...) among the session's hooks: the "
+                         "script's steps are not counted to a last step (an async run may "
+                         "end up to (workers - 1) steps past its own)")
+        return hooks, sync
+    last_step = min(last)
+    script_steps.close_limit(v1.get_default_graph(), last_step)
+    return [_sync_hook(cluster, h, last_step) if isinstance(h, script_steps.DeferredSyncHook)
+            else h for h in hooks], sync
+
+
+def _sync_hook(cluster: Cluster, deferred, last_step: int):
+    """The runtime's `SyncReplicasHook` for a `SyncReplicasOptimizer`'s hook: its chief
+    loop stops at `last_step`, and a sync step waiting `SYNC_TIMEOUT_SECS` for gradients
+    logs the workers that do not answer."""
+    global_step = deferred.global_step
+    if global_step is None:
+        raise UsageError("SyncReplicasOptimizer.make_session_run_hook before its "
+                         "apply_gradients/minimize with a global_step")
+    waited_on = ([cluster.task(PS, k) for k in range(cluster.num_ps)] +
+                 [t for t in cluster.training_tasks() if not t.is_chief])
+    return runtime_hooks.SyncReplicasHook(
+        deferred.optimizer, deferred.is_chief, global_step, last_step, SYNC_TIMEOUT_SECS,
+        lambda: probes.silent_tasks(cluster, waited_on), num_tokens=deferred.num_tokens)
 
 
 def _protocol_hooks(cluster: Cluster, task: Task, hooks: list) -> list:
@@ -361,9 +444,25 @@ def _session_creator(cluster: Cluster, task: Task, is_chief: bool, scaffold, mas
                                          guard=waits.guard)
 
 
+def end_of_script() -> None:
+    """The end-of-training protocol for each worker of this process whose script ended
+    without a `MonitoredTrainingSession` of this module (its own loop over a `Supervisor`'s
+    or a plain session): a non-chief reports its end; the chief waits for the other
+    workers (at most `SHUTDOWN_TIMEOUT_SECS`), then tells every ps to exit, so that their
+    `join()` ends them (`runtime.shutdown.end_outside_a_session`). The runner calls it when
+    the script has ended with status 0; a library user calls it after the loop."""
+    with _lock:
+        ended = [(target, found) for target, found in _tasks.items()
+                 if target not in _protocol_in_hooks and found[1].job_name != PS]
+        _protocol_in_hooks.update(target for target, _ in ended)
+    for target, (cluster, task, config) in ended:
+        shutdown.end_outside_a_session(target, task, cluster, config, SHUTDOWN_TIMEOUT_SECS)
+
+
 def install() -> None:
-    """Puts `Server` and `MonitoredTrainingSession` into `tf.compat.v1.train` (and
-    `tf.train` where it is that module), for scripts that call them by TensorFlow's names."""
+    """Puts `Server`, `MonitoredTrainingSession` and `StopAtStepHook` into
+    `tf.compat.v1.train` (and `tf.train` where it is that module), for scripts that call
+    them by TensorFlow's names."""
     for name in _STOCK:
         setattr(_stock, name, globals()[name])
 

@@ -24,7 +24,7 @@ XDIST_GROUPS = {
 # files' tests, these first, longest first (seconds summed over their tests, serial,
 # docs/testing.md): a worker that takes a long test late leaves the other idle at the end.
 SLOW_FIRST = ("test_network_faults.py", "test_chaos.py", "test_recovery.py", "test_image.py",
-              "test_tf1_programs.py", "test_k8s.py",
+              "test_tf1_programs.py", "test_k8s.py", "test_launch_script.py",
               "test_dynamic_embeddings.py", "test_liveness.py", "test_wide_deep.py",
               "test_ctr_export.py",
               "test_portable_checkpoints.py", "test_storage.py", "test_trainer.py")

@@ -9,7 +9,8 @@ the command's arguments with `absl.flags.FLAGS` — an unknown flag, or a value 
 `TrainConfig` rejects, fails the test named by the doc's file and line.
 `scripts/run` is parsed as `lowlevel.launch`; `scripts/make_tf_configs.py` as
 `lowlevel.tf_configs`; any other script (`scripts/test`, whose arguments go to pytest)
-only has to exist. A `--help` argument and a literal `...` are left out of the parse.
+only has to exist. With `--script`, the launcher's and the generator's arguments after
+`--` are the script's, not parsed (the launcher's script must exist). A `--help` argument and a literal `...` are left out of the parse.
 
 Also: README.md is at most 250 lines, no doc says "issue <number>", and every relative
 link of the docs names a file (and heading) that exists.
@@ -120,7 +121,7 @@ COMMANDS = _collect()
 # Run in a subprocess per CLI module: reads [[args], ...] as JSON on stdin, prints one
 # error message (or null) per command as JSON.
 CHECKER = r"""
-import importlib, json, sys
+import importlib, json, os, sys
 from absl import flags
 module = sys.argv[1]
 importlib.import_module(module)
@@ -133,7 +134,12 @@ def trainer_config(flag_values, num_workers):
 def check(args):
     FLAGS.unparse_flags()
     rest = FLAGS(["prog", *args])[1:]
-    if module == "lowlevel.tf_configs":  # after --: trainer flags for every task
+    if module in ("lowlevel.tf_configs", "lowlevel.launch") and FLAGS.script:
+        # after --: the script's own arguments; the launcher's script is on this machine
+        if module == "lowlevel.launch" and not os.path.isfile(FLAGS.script):
+            raise ValueError(f"--script={FLAGS.script}: no such file")
+        rest = []
+    elif module == "lowlevel.tf_configs":  # after --: trainer flags for every task
         from lowlevel import cli
         trainer = flags.FlagValues()
         cli.define_trainer_flags(trainer)

@@ -24,13 +24,13 @@ SKELETON = os.path.join(SCRIPTS, "skeleton_trainer.py")
 LAST_STEP = 600
 
 
-def _start(tmp_path, ports, command, last_step=LAST_STEP):
+def _start(tmp_path, ports, command, last_step=LAST_STEP, extra=(), step_flag="last_step"):
     """Starts ps0, worker1 and, once worker1 waits for the chief's model, worker0 (the chief)
     of `command`; returns {name: process}. (Started together, the chief may have the model
     ready before the non-chief first looks, and stock TensorFlow's 30 s wait never shows.)"""
     ps, w0, w1 = (f"127.0.0.1:{p}" for p in ports(3))
-    common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--last_step={last_step}",
-              f"--checkpoint_dir={tmp_path / 'ckpt'}"]
+    common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--{step_flag}={last_step}",
+              f"--checkpoint_dir={tmp_path / 'ckpt'}", *extra]
 
     def start(job, index):
         return clusters.start([*command, *common, f"--job_name={job}", f"--task_index={index}"],
@@ -58,7 +58,7 @@ def _ready_time(log) -> float:
 
 def _assert_ran_to_the_end(tmp_path, procs):
     """Every task exited 0 by itself; the non-chief began within seconds of the chief; the
-    final checkpoint holds the last step (or one past it: async, not exact yet)."""
+    final checkpoint holds exactly the last step (stock, async: up to one past it)."""
     done = clusters.wait_all(procs, 180)
     assert {n: c for n, (c, _) in done.items()} == {n: 0 for n in procs}, \
         {n: clusters.tail(tmp_path / f"{n}.log") for n, (c, _) in done.items() if c != 0}
@@ -68,13 +68,17 @@ def _assert_ran_to_the_end(tmp_path, procs):
     # (negative: the chief saves its first checkpoint before its line; the model was ready)
     assert lag < 5.0, lag  # stock: up to 30 s (SessionManager's recovery_wait_secs)
     path, step = checkpoints.newest_readable(str(tmp_path / "ckpt"))
-    assert LAST_STEP <= step <= LAST_STEP + 1, path
+    assert step == LAST_STEP, path
     assert done["ps0"][1] - done["worker0"][1] < 10, done  # the ps ended with the chief
 
 
 @pytest.mark.timeout(240)
-def test_the_guides_skeleton_under_the_runner_ends_every_task_with_0(tmp_path, ports):
-    procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON])
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_the_guides_skeleton_under_the_runner_ends_every_task_with_0(tmp_path, ports, mode):
+    """Async and with `SyncReplicasOptimizer` (stock sync: the chief's queue runner blocks
+    in the ps's accumulators after the last step until its session is closed)."""
+    procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON],
+                   extra=[f"--sync_replicas={mode == 'sync'}"])
     _assert_ran_to_the_end(tmp_path, procs)
 
 
@@ -158,3 +162,26 @@ def test_a_frozen_ps_ends_the_scripts_workers_with_200_naming_it_at_the_default_
         assert "not answering: ps0 at 127.0.0.1:" in lines[-1], lines[-1]
         assert "did not complete within 60 s" in log.read_text(), clusters.tail(log)
     assert time.monotonic() - struck >= 90  # not before the limit
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_supervisor_scripts_own_loop_ends_with_every_task_exiting_0(tmp_path, ports, mode):
+    """A script in mnist_replica.py's shape (`tf.train.Supervisor`, its own loop to
+    `--train_steps`, no hooks) under the runner: after the loop, the non-chief reports its
+    end and the chief tells the ps to exit (`lowlevel.train.end_of_script`). Stock: the ps
+    never exits. Its loop's steps are not counted to a last step (the runtime is not told
+    it): each worker stops once it reads the last step, up to (workers) past it."""
+    command = [sys.executable, "-m", "lowlevel", os.path.join(SCRIPTS, "supervisor_trainer.py")]
+    procs = _start(tmp_path, ports, command, last_step=300, step_flag="train_steps",
+                   extra=["--sync_replicas"] if mode == "sync" else [])
+    done = clusters.wait_all(procs, 180)
+    assert {n: c for n, (c, _) in done.items()} == {n: 0 for n in procs}, \
+        {n: clusters.tail(tmp_path / f"{n}.log") for n, (c, _) in done.items() if c != 0}
+    assert "the chief signalled the end of training" in (tmp_path / "ps0.log").read_text()
+    assert "chief: told 1 ps task(s) to exit" in (tmp_path / "worker0.log").read_text()
+    for name in ("worker0", "worker1"):
+        ended = re.search(r"training ended at global step (\d+)", (tmp_path / f"{name}.log"
+                                                                    ).read_text())
+        assert ended and 300 <= int(ended.group(1)) <= 302, clusters.tail(tmp_path / f"{name}.log")
+    assert done["ps0"][1] - done["worker0"][1] < 10, done  # the ps ended with the chief

@@ -33,9 +33,13 @@ USAGE = ("usage: python -m lowlevel.estimator SCRIPT.py [ARGS...]\n\n"
          "lowlevel.estimator.\n")
 
 
-def main(argv=None, prog: str = "lowlevel.estimator", usage: str = USAGE) -> int:
+def main(argv=None, prog: str = "lowlevel.estimator", usage: str = USAGE,
+         prepare=None) -> int:
     """Runs the script named by argv[0] with argv[1:]; returns the exit status. `prog` and
-    `usage` name the runner in its messages (`python -m lowlevel` shares this one)."""
+    `usage` name the runner in its messages (`python -m lowlevel` shares this one);
+    `prepare(script)`, if given, runs just before the script and returns its `init_globals`
+    for `runpy.run_path` (or None), its errors the script's (`python -m lowlevel` passes
+    `tf1_namespace.prepare`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(usage)
@@ -48,7 +52,8 @@ def main(argv=None, prog: str = "lowlevel.estimator", usage: str = USAGE) -> int
     sys.argv = [script] + argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        runpy.run_path(script, run_name="__main__")
+        init_globals = prepare(script) if prepare is not None else None
+        runpy.run_path(script, init_globals=init_globals, run_name="__main__")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except errors.LegacyKerasMissing as e:

@@ -22,6 +22,7 @@ it computes:
 from __future__ import annotations
 
 import collections
+from typing import Optional
 
 import tensorflow as tf
 
@@ -89,24 +90,34 @@ class SmallVariables:
         return pairs
 
 
-def counted_update(opt, grads_and_vars, global_step, last_step: int):
+def counted_update(opt, grads_and_vars, global_step, last_step: int,
+                   collection: Optional[str] = None):
     """An async training step that stops global_step at exactly `last_step`.
 
-    The step reserves its number first with `ResourceCountUpTo` (one atomic
-    op on global_step's ps: returns the old value and adds 1, or fails with
+    The step reserves its number first with `CountUpTo` (one atomic op on
+    global_step's ps: returns the old value and adds 1, or fails with
     `OutOfRangeError` once the value is `last_step`), and its gradients are
     applied only after that. Each step number up to `last_step` is taken by
     exactly one worker, so the run ends at exactly `last_step`; with
     `minimize(global_step=...)` every worker that read the step before the end
     applies its update and the step overshoots by up to (workers - 1).
 
+    Args:
+      global_step: an integer variable (resource or not), on a ps.
+      collection: a graph collection the `CountUpTo` op is added to, or None.
+
     Returns:
-      int64 scalar: this step's number (the global step after it). Running it
-      raises `tf.errors.OutOfRangeError` when no step is left.
+      scalar of global_step's dtype: this step's number (the global step after it).
+      Running it raises `tf.errors.OutOfRangeError` when no step is left.
     """
     with tf.device(global_step.device):
-        previous = tf.raw_ops.ResourceCountUpTo(resource=global_step.handle, limit=last_step,
-                                                T=tf.int64)
+        if hasattr(global_step, "handle"):
+            previous = tf.raw_ops.ResourceCountUpTo(
+                resource=global_step.handle, limit=last_step, T=global_step.dtype.base_dtype)
+        else:  # a reference variable (TF1's default, v2 behaviour disabled)
+            previous = v1.count_up_to(global_step, last_step)
+    if collection is not None:
+        v1.add_to_collection(collection, previous.op)
     gated = []
     for g, v in grads_and_vars:  # the gate sits beside the variable: no extra round trip
         with tf.device(v.device), tf.control_dependencies([previous]):

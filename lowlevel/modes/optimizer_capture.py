@@ -57,6 +57,26 @@ class Captured:
 _inside_sync = threading.local()  # set while SyncReplicasOptimizer.apply_gradients runs
 
 
+def inside_sync() -> bool:
+    """Whether this thread is inside a `SyncReplicasOptimizer.apply_gradients` made by
+    `marking_sync_apply` (building the inner optimizer's apply, which is left alone)."""
+    return getattr(_inside_sync, "on", False)
+
+
+def marking_sync_apply(own_sync_apply: Callable, on_apply: Callable) -> Callable:
+    """`SyncReplicasOptimizer.apply_gradients` (TensorFlow's own: `own_sync_apply`) that
+    first calls `on_apply(sync_optimizer, global_step)`, then builds TensorFlow's apply
+    with `inside_sync()` true."""
+    def sync_apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        on_apply(self, global_step)
+        _inside_sync.on = True
+        try:
+            return own_sync_apply(self, grads_and_vars, global_step, name)
+        finally:
+            _inside_sync.on = False
+    return sync_apply_gradients
+
+
 @contextlib.contextmanager
 def capture(global_step, update: Callable, sync_hook: Callable):
     """Within the block, the model_fn's optimizer applies through `update`; yields `Captured`.
@@ -75,7 +95,7 @@ def capture(global_step, update: Callable, sync_hook: Callable):
     own_sync_apply, own_sync_hook = sync.apply_gradients, sync.make_session_run_hook
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        if global_step is not global_step_var or getattr(_inside_sync, "on", False):
+        if global_step is not global_step_var or inside_sync():
             return own_apply(self, grads_and_vars, global_step, name)
         captured.applies += 1
         captured.step = update(self, list(grads_and_vars))
@@ -85,13 +105,9 @@ def capture(global_step, update: Callable, sync_hook: Callable):
         captured.loss = loss
         return own_compute(self, loss, *args, **kwargs)
 
-    def sync_apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        captured.sync_optimizer = self
-        _inside_sync.on = True
-        try:
-            return own_sync_apply(self, grads_and_vars, global_step, name)
-        finally:
-            _inside_sync.on = False
+    def note_sync(sync_optimizer, _global_step):
+        captured.sync_optimizer = sync_optimizer
+    sync_apply_gradients = marking_sync_apply(own_sync_apply, note_sync)
 
     def make_session_run_hook(self, is_chief, num_tokens=-1):
         return sync_hook(self, is_chief, num_tokens)

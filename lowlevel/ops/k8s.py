@@ -34,6 +34,11 @@ annotations and startup, liveness and readiness probes on the trainer's
 `/healthz` (`lowlevel.runtime.metrics`). The checks of `checkov` the pods fail by
 design are skipped in the manifest, each with its reason (`scanner_skips`).
 
+A user's script in place of the trainer (`lowlevel.tf_configs --script`): the containers'
+`command` is `python -m lowlevel` (`PodOptions.command`), with no metrics port or probes;
+`plain(cluster_flags=True)` gives each task the Distributed TensorFlow guide's cluster
+flags (`guide_flags`) in place of `TF_CONFIG`.
+
 Both add a `NetworkPolicy`: ingress to the training port only from the pods
 of the same run (label `lowlevel/run: NAME`), because a TensorFlow server runs
 any graph anyone sends it, with no authentication; and to the metrics port
@@ -162,6 +167,15 @@ def tfjob_tf_configs(tfjob: dict, sparse: Optional[bool] = None) -> dict[tuple[s
             for job, count in replicas.items() for i in range(count)}
 
 
+def guide_flags(cluster: dict[str, list[str]], job: str, index: int) -> list[str]:
+    """The Distributed TensorFlow guide's cluster flags of task `job`/`index` of `cluster`
+    ({"ps": [host:port, ...], "worker": [...]}): `--ps_hosts --worker_hosts --job_name
+    --task_index`, as its skeleton trainer reads them."""
+    return [f"--ps_hosts={','.join(cluster.get('ps', []))}",
+            f"--worker_hosts={','.join(cluster.get('worker', []))}",
+            f"--job_name={job}", f"--task_index={index}"]
+
+
 def _labels(name: str, job: Optional[str] = None) -> dict:
     return {RUN_LABEL: name, **({ROLE_LABEL: job} if job else {})}
 
@@ -182,6 +196,8 @@ class PodOptions:
         read-only; TensorFlow and Python write temporary files there).
       run_id: `LOWLEVEL_RUN_ID` of every task (`lowlevel.runtime.restarts`); None: the
         pod's Job's uid (plain Jobs).
+      command: the container's `command` in place of the image's entrypoint (the
+        trainer): `("python", "-m", "lowlevel")` for a script; None: the entrypoint.
     """
 
     run_as_user: Optional[int] = None
@@ -190,13 +206,21 @@ class PodOptions:
     tmp_size: str = "1Gi"
     run_id: Optional[str] = None
     scanner_skips: tuple = ()  # (check id, reason) of checkov's checks the pods do not meet
+    command: Optional[tuple] = None  # the container's command (a script's: python -m lowlevel)
 
 
-def scanner_skips(image, run_as_user: Optional[int], cpu_limits: bool) -> tuple:
+def scanner_skips(image, run_as_user: Optional[int], cpu_limits: bool,
+                  probes: bool = True) -> tuple:
     """The checks of `checkov` (a manifest scanner) the pods fail by design, each with its
-    reason, as `checkov.io/skipN` annotations record them in the manifest."""
+    reason, as `checkov.io/skipN` annotations record them in the manifest (`probes` False:
+    the pods have no liveness and readiness probes)."""
     images = image.values() if isinstance(image, dict) else [image]
     skips = []
+    if not probes:
+        skips += [(check, f"no {kind} probe: the task serves no /healthz to probe (a script "
+                   "under python -m lowlevel; the trainer with --metrics_port 0); a task that "
+                   "fails exits, and its exit status decides its restart")
+                  for check, kind in (("CKV_K8S_8", "liveness"), ("CKV_K8S_9", "readiness"))]
     if not cpu_limits:
         skips.append(("CKV_K8S_11", "CPU requests without a limit: a CFS quota throttles a "
                       "training step mid-computation; --cpu_limits sets limits"))
@@ -246,6 +270,7 @@ def _container(image: str, args: list[str], resources: dict, output_dir: str,
         "image": image,
         # Nodes check the registry for the tag at each start (a digest: never pulled twice).
         "imagePullPolicy": "Always",
+        **({"command": list(options.command)} if options.command else {}),
         "args": list(args),
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         "volumeMounts": [{"name": "output", "mountPath": output_dir},
@@ -408,9 +433,12 @@ def tfjob(name: str, namespace: str, image, replicas: dict[str, int], args: list
 def plain(name: str, namespace: str, image, replicas: dict[str, int], args: list[str],
           output_dir: str, pvc: str, resources: dict[str, dict],
           backoff_limit: int, options: Optional[PodOptions] = None,
-          active_deadline_secs: Optional[int] = None) -> list[dict]:
+          active_deadline_secs: Optional[int] = None,
+          cluster_flags: bool = False) -> list[dict]:
     """A headless Service and one `batch/v1` Job per task (see the module docstring);
-    arguments as `tfjob`'s (`options.run_id` None: each task's budget is its Job's uid)."""
+    arguments as `tfjob`'s (`options.run_id` None: each task's budget is its Job's uid).
+    `cluster_flags`: each task gets the guide's cluster flags (`guide_flags`) after `args`
+    in place of `TF_CONFIG` (a script that reads them; jobs ps and worker only)."""
     options = options or PodOptions()
     docs = [{
         "apiVersion": "v1",
@@ -426,9 +454,10 @@ def plain(name: str, namespace: str, image, replicas: dict[str, int], args: list
     for job in REPLICA_TYPES.values():
         for index in range(replicas.get(job, 0)):
             tf_config = json.dumps(operator_tf_config(cluster, job, index), sort_keys=True)
-            container = _container(_image(image, job), args, resources.get(job, {}),
-                                   output_dir, env=[{"name": "TF_CONFIG", "value": tf_config}],
-                                   options=options)
+            env = [] if cluster_flags else [{"name": "TF_CONFIG", "value": tf_config}]
+            task_args = [*args, *guide_flags(cluster, job, index)] if cluster_flags else args
+            container = _container(_image(image, job), task_args, resources.get(job, {}),
+                                   output_dir, env=env, options=options)
             pod = _pod_spec(container, pvc, restart_policy="Never", options=options)
             pod["hostname"] = f"{name}-{job}-{index}"
             pod["subdomain"] = name

@@ -54,11 +54,14 @@ class Supervisor:
         for tools that measure recovery (benchmarks/chaos.py).
       memory: the tasks' memory cgroups (`memory_limits.TaskCgroups`, `--memory`), or
         None: each task is put in its own as it starts, and an end its limit caused says so.
+      envs: {task name: variables added to that task's environment} (a script's
+        `TF_CONFIG`: `lowlevel.launch --script_cluster=tf_config`), at every start.
     """
 
     def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0,
-                 fork: bool = False, memory=None):
+                 fork: bool = False, memory=None, envs: Optional[dict[str, dict]] = None):
         self.out = out
+        self.envs = envs or {}
         self.memory = memory  # a `memory_limits.TaskCgroups`, or None
         self.commands = commands
         self.max_restarts = max_restarts
@@ -80,14 +83,15 @@ class Supervisor:
     def _start(self, name: str) -> None:
         """Starts the task `name`: forked (`lowlevel.ops.forking`) or as its own command."""
         read_fd, write_fd = os.pipe()
+        env = dict(self._env, **self.envs.get(name, {}))
         try:
             if self.fork:
                 others = [key.fd for key in self._selector.get_map().values()]
-                proc = forking.start(self.commands[name], self._env, write_fd,
+                proc = forking.start(self.commands[name], env, write_fd,
                                      others + [read_fd, self._selector.fileno()])
             else:
                 proc = subprocess.Popen(self.commands[name], stdout=write_fd, stderr=write_fd,
-                                        stdin=subprocess.DEVNULL, env=self._env)
+                                        stdin=subprocess.DEVNULL, env=env)
         except BaseException:
             os.close(read_fd)
             raise
@@ -183,11 +187,14 @@ class Supervisor:
 
 
 def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
-              output_dir: Optional[str] = None) -> int:
+              output_dir: Optional[str] = None, after_chief: tuple = ("ps",)) -> int:
     """Relays output until every task has finished or one has failed; returns the exit status.
 
     With `progress` (a `Progress`), the chief's `progress` events in
-    `output_dir` drive it.
+    `output_dir` drive it. Once the chief has finished, tasks whose names start with one
+    of `after_chief` and are all that is left are stopped after `PS_AFTER_CHIEF_SECS`
+    (the ps tasks; a script's workers too: one restarted after the chief's end would
+    wait for the ps tasks that are gone).
     """
     sup.progress = progress
     follower = events.Follower(output_dir) if progress is not None and output_dir else None
@@ -214,7 +221,7 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
         else:
             sup.check(finished)
         left = set(sup.procs) - finished
-        if CHIEF in finished and left and all(n.startswith("ps") for n in left):
+        if CHIEF in finished and left and all(n.startswith(after_chief) for n in left):
             # The run is over. A ps exits within a second of the chief's stop signal;
             # one restarted after the signal was sent never gets it.
             ps_waiting_since = ps_waiting_since or time.monotonic()

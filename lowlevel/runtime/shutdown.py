@@ -46,7 +46,8 @@ of a run, step by step:
 When `preempted` is set (SIGTERM/SIGINT), steps 2, 3, 6 and 7 do nothing:
 the task will be back and the run is not over; the chief's checkpoint
 (5) is still saved. A chief restarted on a finished run skips all of it
-and calls `stop_cluster` instead. In-process (no `channel`) the list is
+and calls `stop_cluster` instead; a script's worker whose loop ran without these hooks
+runs steps 2, 3 and 7 after it (`end_outside_a_session`). In-process (no `channel`) the list is
 the training hooks, the checkpoint and the final evaluation.
 """
 
@@ -108,11 +109,37 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
         return training + [h for h in (checkpoint, final_eval) if h is not None]
     if not task.is_chief:
         return training + [ReportDoneHook(channel, task, preempted)]
-    others = {t.replica_index: cluster.hosts(t.job_name)[t.task_index]
-              for t in cluster.training_tasks() if not t.is_chief}
+    others = _other_workers(cluster)
     return ([WaitForWorkersHook(channel, others, timeout_secs, preempted)] + training +
             [h for h in (checkpoint, final_eval) if h is not None] +
             [StopPsHook(channel, preempted)])
+
+
+def _other_workers(cluster: Cluster) -> dict[int, str]:
+    """{replica index: "host:port"} of the training tasks other than the chief."""
+    return {t.replica_index: cluster.hosts(t.job_name)[t.task_index]
+            for t in cluster.training_tasks() if not t.is_chief}
+
+
+def end_outside_a_session(target: str, task: Task, cluster: Cluster, config,
+                          timeout_secs: float) -> None:
+    """Steps 2, 3 and 7 for a worker whose training loop ran without these hooks (a
+    script's own loop over a `Supervisor`'s or a plain session), from a session of its own
+    made after the loop: a non-chief reports its end; the chief waits for the other
+    workers' reports (at most `timeout_secs`, logged), then tells every ps to exit."""
+    with tf.Graph().as_default():
+        channel = ShutdownChannel(cluster.num_ps)
+        with v1.Session(target, config=config) as sess:
+            if not task.is_chief:
+                channel.report_done(sess, task.replica_index)
+                return
+            missing = channel.wait_for_workers(sess, _other_workers(cluster), timeout_secs)
+            if missing:
+                logging.warning("chief: no end-of-training report from the workers at %s "
+                                "within %.0f s; going on without them",
+                                ", ".join(missing.values()), timeout_secs)
+            channel.stop_ps(sess)
+    logging.info("chief: told %d ps task(s) to exit", cluster.num_ps)
 
 
 def queue(name: str, device: str, capacity: int = 1024):

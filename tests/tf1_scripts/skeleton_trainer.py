@@ -1,7 +1,9 @@
 """The Distributed TensorFlow guide's skeleton trainer (TensorFlow 1.x, "Putting it all
 together: example trainer program"), as printed, migrated the usual way
 (`import tensorflow.compat.v1 as tf; tf.disable_v2_behavior()`), its "Build model..."
-filled in with a small MLP on scikit-learn's digits. Nothing lowlevel in it: plain
+filled in with a small MLP on scikit-learn's digits, and `--sync_replicas=true` for the
+synchronous training it points to (`SyncReplicasOptimizer` and its hook, as its
+docstring shows them). Nothing lowlevel in it: plain
 `python` runs it on stock TensorFlow; `python -m lowlevel` runs it on the runtime.
 """
 import argparse
@@ -55,11 +57,17 @@ def main(_):
             loss = model(FLAGS.batch_size)
             global_step = tf.train.get_or_create_global_step()
 
-            train_op = tf.train.AdagradOptimizer(0.1).minimize(
-                loss, global_step=global_step)
+            opt = tf.train.AdagradOptimizer(0.1)
+            if FLAGS.sync_replicas:  # (not in the guide: its pointer to synchronous training)
+                opt = tf.train.SyncReplicasOptimizer(
+                    opt, replicas_to_aggregate=len(worker_hosts),
+                    total_num_replicas=len(worker_hosts))
+            train_op = opt.minimize(loss, global_step=global_step)
 
         # The StopAtStepHook handles stopping after running given steps.
         hooks = [tf.train.StopAtStepHook(last_step=FLAGS.last_step)]
+        if FLAGS.sync_replicas:
+            hooks.append(opt.make_session_run_hook(FLAGS.task_index == 0))
 
         # The MonitoredTrainingSession takes care of session initialization,
         # restoring from a checkpoint, saving to a checkpoint, and closing when done
@@ -89,6 +97,8 @@ if __name__ == "__main__":
     parser.add_argument("--task_index", type=int, default=0, help="Index of task within the job")
     parser.add_argument("--last_step", type=int, default=1000, help="StopAtStepHook's last step")
     parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--sync_replicas", type="bool", default=False,
+                        help="SyncReplicasOptimizer over every worker")
     parser.add_argument("--checkpoint_dir", type=str, default="/tmp/train_logs")
     FLAGS, unparsed = parser.parse_known_args()
     tf.app.run(main=main, argv=[sys.argv[0]] + unparsed)

@@ -1,0 +1,132 @@
+"""A TF1 script's training step, counted: an async run ends at exactly its last step.
+
+A script builds its step (`opt.minimize(loss, global_step=global_step)`) before it makes its
+`MonitoredTrainingSession`, and its last step is in a hook it gives that session
+(`StopAtStepHook(last_step=N)`). The stock step reads global_step, applies, and adds 1, so
+every worker that read the step before the end applies its update too: an async run of the
+Distributed TensorFlow guide's skeleton on 1 ps + 2 workers ended at N + 1 (measured:
+docs/tf1-programs.md). Once `install`ed (`lowlevel.train.Server` does, in the process of a
+ps/worker task), every `tf.compat.v1.train.Optimizer.apply_gradients` given a `global_step`
+(which `minimize` calls) builds the exact mode's counted update instead
+(`exact.counted_update`: the step reserves its number on global_step's ps first, then
+applies) with its limit left open, the largest value of the step's dtype. `close_limit`
+sets it to N when the session is made, before the graph is finalised: each step number up
+to N is then taken by exactly one worker, and a step that finds none left raises
+`tf.errors.OutOfRangeError`, which ends the script's `with MonitoredTrainingSession(...)`
+block as the end of its input does (`MonitoredSession.__exit__`). A script that makes no
+session with a last step (`StopAtStepHook(num_steps=...)`, its own loop over a plain
+`Session`) keeps the open limit: its steps run as the stock ones do, reserved first.
+
+The limit is an attribute of the `CountUpTo` op, fixed when the op is made; `close_limit`
+changes it with `Operation._set_attr`, TensorFlow's private API (the one reach into TF's
+private state here; present since TF 1.x, used by TF's own graph rewrites).
+
+A `SyncReplicasOptimizer`'s own apply is left alone: it pushes gradients, and the inner
+optimizer's apply it builds (run by the chief's sync op) keeps its global step. Its
+`make_session_run_hook` returns a `DeferredSyncHook`, which behaves as the stock hook
+unless the session that gets it replaces it (`lowlevel.train` does, with the runtime's
+hook, whose chief loop stops at the last step: tensorflow/tensorflow#7970).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Optional
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from lowlevel.modes import exact, optimizer_capture
+
+v1 = tf.compat.v1
+
+COUNTED_STEPS = "lowlevel_counted_steps"  # graph collection: the CountUpTo ops, limit open
+
+_install_lock = threading.Lock()
+_originals: dict = {}  # (class, attribute name) -> TensorFlow's own, while installed
+_sync_global_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def install() -> None:
+    """Makes every `tf.compat.v1.train.Optimizer`'s apply with a global step the counted
+    update, and `SyncReplicasOptimizer.make_session_run_hook` a `DeferredSyncHook`, for
+    the rest of the process (once; later calls do nothing)."""
+    base, sync = v1.train.Optimizer, v1.train.SyncReplicasOptimizer
+    with _install_lock:
+        if _originals:
+            return
+        for cls, name in ((base, "apply_gradients"), (sync, "apply_gradients"),
+                          (sync, "make_session_run_hook")):
+            _originals[cls, name] = getattr(cls, name)
+    own_apply, own_sync_apply = base.apply_gradients, sync.apply_gradients
+    own_hook = sync.make_session_run_hook
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        if global_step is None or optimizer_capture.inside_sync():
+            return own_apply(self, grads_and_vars, global_step, name)
+        return counted_step(self, grads_and_vars, global_step)
+
+    sync_apply_gradients = optimizer_capture.marking_sync_apply(
+        own_sync_apply, _sync_global_steps.__setitem__)
+
+    def make_session_run_hook(self, is_chief, num_tokens=-1):
+        return DeferredSyncHook(self, is_chief, num_tokens, own_hook(self, is_chief, num_tokens))
+
+    base.apply_gradients, sync.apply_gradients = apply_gradients, sync_apply_gradients
+    sync.make_session_run_hook = make_session_run_hook
+
+
+def uninstall() -> None:
+    """Puts TensorFlow's own methods back (for tests: the runtime never uninstalls)."""
+    with _install_lock:
+        for (cls, name), own in _originals.items():
+            setattr(cls, name, own)
+        _originals.clear()
+
+
+def counted_step(opt, grads_and_vars, global_step) -> tf.Operation:
+    """`opt`'s update of `grads_and_vars` as the counted update of `global_step` (a
+    variable of integer dtype, resource or not), its limit open until `close_limit`.
+    Returns the step's op (as `apply_gradients` returns one)."""
+    pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+    if not pairs:
+        raise ValueError(f"No gradients provided for any variable: {grads_and_vars}")
+    open_limit = global_step.dtype.base_dtype.max
+    return exact.counted_update(opt, pairs, global_step, open_limit, COUNTED_STEPS).op
+
+
+def close_limit(graph, last_step: int) -> int:
+    """Sets the limit of every counted step of `graph` to `last_step` (the global step the
+    run ends at); call before the graph is finalised. Returns how many steps were set."""
+    ops = graph.get_collection(COUNTED_STEPS)
+    for op in ops:
+        op._set_attr("limit", attr_value_pb2.AttrValue(i=int(last_step)))  # noqa: SLF001
+    return len(ops)
+
+
+class DeferredSyncHook(v1.train.SessionRunHook):
+    """`SyncReplicasOptimizer.make_session_run_hook`'s hook, once `install`ed: the stock
+    hook (`stock`, whose every call it passes on) until a session replaces it with one
+    made from `optimizer`, `is_chief`, `num_tokens` and `global_step` (the variable the
+    optimizer's apply was given; None if it was not applied)."""
+
+    def __init__(self, optimizer, is_chief: bool, num_tokens: int, stock):
+        self.optimizer, self.is_chief, self.num_tokens = optimizer, is_chief, num_tokens
+        self.global_step: Optional[object] = _sync_global_steps.get(optimizer)
+        self.stock = stock
+
+    def begin(self):
+        return self.stock.begin()
+
+    def after_create_session(self, session, coord):
+        return self.stock.after_create_session(session, coord)
+
+    def before_run(self, run_context):
+        return self.stock.before_run(run_context)
+
+    def after_run(self, run_context, run_values):
+        return self.stock.after_run(run_context, run_values)
+
+    def end(self, session):
+        return self.stock.end(session)

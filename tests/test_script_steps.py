@@ -1,0 +1,82 @@
+"""`modes.script_steps`: a script's `minimize(global_step=...)` as the counted step, its
+limit closed when the session is made (in-process: one graph, one local session)."""
+
+import pytest
+import tensorflow as tf
+
+from lowlevel.modes import script_steps
+
+v1 = tf.compat.v1
+
+
+@pytest.fixture(autouse=True)
+def installed():
+    """The patch for this test only: the other tests of the process get stock TensorFlow."""
+    script_steps.install()
+    yield
+    script_steps.uninstall()
+
+
+def _steps_until_out_of_range(sess, train_op, most=10):
+    """How many runs of `train_op` succeed before `OutOfRangeError` (at most `most`)."""
+    for k in range(most):
+        try:
+            sess.run(train_op)
+        except tf.errors.OutOfRangeError:
+            return k
+    return most
+
+
+@pytest.mark.parametrize("resource", [False, True], ids=["ref_variable", "resource_variable"])
+def test_a_minimize_with_a_global_step_stops_at_the_closed_limit(resource):
+    with tf.Graph().as_default() as graph:
+        global_step = v1.get_variable("global_step", [], v1.int64, v1.zeros_initializer(),
+                                      trainable=False, use_resource=resource)
+        w = v1.get_variable("w", [], initializer=v1.constant_initializer(1.0),
+                            use_resource=resource)
+        train_op = v1.train.GradientDescentOptimizer(0.5).minimize(
+            tf.square(w), global_step=global_step)
+        assert isinstance(train_op, tf.Operation)
+        assert script_steps.close_limit(graph, 3) == 1
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            assert _steps_until_out_of_range(sess, train_op) == 3
+            assert sess.run(global_step) == 3
+            assert sess.run(w) == 0.0  # w - 0.5 * 2w: 0 after the first step
+
+
+def test_the_limit_stays_open_until_closed_and_other_applies_are_stock():
+    with tf.Graph().as_default() as graph:
+        global_step = v1.Variable(0, name="global_step", trainable=False)  # int32, TF1 style
+        w = v1.Variable(2.0)
+        counted = v1.train.AdagradOptimizer(0.1).minimize(tf.square(w), global_step=global_step)
+        plain = v1.train.AdagradOptimizer(0.1).minimize(tf.square(w))  # no global step
+        assert len(graph.get_collection(script_steps.COUNTED_STEPS)) == 1
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            assert _steps_until_out_of_range(sess, counted, most=5) == 5  # open: int32's max
+            sess.run(plain)
+            assert sess.run(global_step) == 5
+
+
+def test_a_sync_optimizers_inner_apply_is_left_alone_and_its_hook_is_deferred():
+    with tf.Graph().as_default() as graph:
+        global_step = v1.train.get_or_create_global_step()
+        w = v1.Variable(2.0)
+        opt = v1.train.SyncReplicasOptimizer(v1.train.AdagradOptimizer(0.1),
+                                             replicas_to_aggregate=2, total_num_replicas=2)
+        opt.minimize(tf.square(w), global_step=global_step)
+        assert graph.get_collection(script_steps.COUNTED_STEPS) == []
+        hook = opt.make_session_run_hook(True)
+        assert isinstance(hook, script_steps.DeferredSyncHook)
+        assert hook.global_step is global_step and hook.is_chief and hook.num_tokens == -1
+        assert type(hook.stock).__name__ == "_SyncReplicasOptimizerHook"
+
+
+def test_no_gradient_at_all_is_refused_as_stock_minimize_refuses_it():
+    with tf.Graph().as_default():
+        global_step = v1.train.get_or_create_global_step()
+        w = v1.Variable(2.0)
+        with pytest.raises(ValueError, match="No gradients provided"):
+            v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+                [(None, w)], global_step=global_step)
