@@ -40,9 +40,10 @@ environment (`tf_config`: {"cluster": {"ps": [...], "worker": [...]}, "task": ..
 worker 0 is the chief either way: no `chief` job, which an Estimator script needs).
 Isolation, the prefixes, `--max_restarts`, `--memory` and the exit status are as above;
 the trainer's flags (`--model`, `--output_dir`, ...) and `--evaluator` do not apply (one
-usage line, exit 2). A script's task is started as a process of its own, not forked (the
-script runs as `__main__` of a fresh interpreter), and there is no live progress line (a
-script's tasks write no events). Once the chief has exited 0, the workers left are
+usage line, exit 2). A script's task is forked as the trainer's are (`python -m lowlevel`
+runs the script as `__main__` in the forked process, as it would in a fresh one;
+`--nofork`: each started cold), and there is no live progress line (a script's tasks
+write no events). Once the chief has exited 0, the workers left are
 stopped after `PS_AFTER_CHIEF_SECS`, as the ps tasks are.
 """
 
@@ -83,8 +84,8 @@ flags.DEFINE_boolean("no_isolation", False, "Run the tasks on the machine's own 
                      "(which run any graph sent to them, with no authentication).")
 flags.DEFINE_boolean("fork", True, "Start each task by forking the launcher once it has "
                      "imported TensorFlow (about 3 s of CPU per task saved: lowlevel.ops.forking); "
-                     "--nofork starts every task as its own python -m lowlevel.trainer. "
-                     "A --script's tasks are never forked.")
+                     "--nofork starts every task as its own python -m lowlevel.trainer (with "
+                     "--script: python -m lowlevel SCRIPT).")
 flags.DEFINE_string("memory", None, "Each task's memory limit (Kubernetes quantities), one "
                     "value for every task (4Gi) or per role (ps=12Gi,worker=4Gi,chief=4Gi,"
                     "evaluator=2Gi): each task runs in a memory cgroup of its own, so one that "
@@ -97,8 +98,7 @@ flags.DEFINE_string("script", None, "Run your own TF1 program on every task inst
                     "trainer: each task is python -m lowlevel SCRIPT ARGS "
                     "(ARGS: everything after --) plus its cluster (--script_cluster). Trainer "
                     "flags and --evaluator do not apply; --num_ps, --num_workers, "
-                    "--max_restarts, --memory, --no_isolation do. Each task starts cold (not "
-                    "forked: the script runs as __main__ of a fresh process); no live "
+                    "--max_restarts, --memory, --no_isolation, --nofork do; no live "
                     "progress line.")
 flags.DEFINE_enum("script_cluster", "flags", ["flags", "tf_config"], "With --script, how each "
                   "task is given the cluster: flags: the Distributed TensorFlow guide's "
@@ -293,7 +293,8 @@ def _launch_trainer() -> int:
 
 
 def _launch_script(script_args: list[str]) -> int:
-    """`--script`'s cluster: `python -m lowlevel SCRIPT ARGS` per task, started cold."""
+    """`--script`'s cluster: `python -m lowlevel SCRIPT ARGS` per task, forked from this
+    process once it has imported TensorFlow (`--nofork`: each started cold)."""
     check_script_flags(script_args)
     limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
     where = _confine() if not FLAGS.no_isolation else "on localhost"
@@ -305,7 +306,7 @@ def _launch_script(script_args: list[str]) -> int:
           f"{FLAGS.num_workers} workers {where}; each task given {given}", flush=True)
     # After the chief's end a worker left (one restarted late) waits for ps tasks that are
     # gone: stopped like a ps.
-    return _run(commands, envs, limits, None, fork=False, after_chief=("ps", "worker"))
+    return _run(commands, envs, limits, None, fork=FLAGS.fork, after_chief=("ps", "worker"))
 
 
 def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str, int],

@@ -42,16 +42,21 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
 
 - The step: once a task's `Server` is made, an optimizer's `minimize`/`apply_gradients`
   with a global step is the counted step (`modes.script_steps`), its limit the
-  `last_step` of the `StopAtStepHook` given to `MonitoredTrainingSession`: an async run
-  ends at exactly that step (stock: up to (workers - 1) past it; a worker whose step finds
-  no step left ends its `with` block as at the end of its input). With
+  `last_step` of the `StopAtStepHook` given to `MonitoredTrainingSession`, or else the
+  environment's `LOWLEVEL_LAST_STEP` (for a loop of the script's own, `until step >= N`):
+  an async run ends at exactly that step (stock: up to (workers - 1) past it). A run whose
+  step finds no step left returns its other fetches, the step's own None
+  (`script_steps._run_past_the_end`), so the loop sees the last step and ends. With
   `SyncReplicasOptimizer`, its `make_session_run_hook` gets the runtime's hook, whose
   chief loop stops at the last step (stock: it blocks in the ps's accumulators until its
   session is closed, tensorflow/tensorflow#7970), and the outage clock counts the other
   workers too (a sync step waits for them).
+- A loop of the script's own (a `Supervisor`'s or a plain session, no
+  `MonitoredTrainingSession`): `end_of_script`, after it, ends the cluster.
 
 Not taken over yet (stock behaviour): `replica_device_setter`'s placement; a last step
-given as `StopAtStepHook(num_steps=...)` (the steps run uncounted); `tf.train.Supervisor`.
+given only as `StopAtStepHook(num_steps=...)` (the steps run uncounted); a sync loop of the
+script's own (its chief's queue runner is the stock one).
 """
 
 from __future__ import annotations
@@ -264,20 +269,22 @@ def _claim(master: str) -> Optional[tuple]:
 
 def _counted(cluster: Cluster, hooks: list) -> tuple[list, bool]:
     """Closes the limit of the default graph's counted steps at the last step of the
-    `StopAtStepHook`s among `hooks` (the smallest), and puts the runtime's sync hook, which
-    stops at it, in place of each `SyncReplicasOptimizer` hook (`modes.script_steps`).
-    Returns (the hooks, whether the script trains in sync). With no last step (no
-    `StopAtStepHook`, or one given `num_steps`) the steps and hooks stay as they are."""
+    `StopAtStepHook`s among `hooks` (the smallest; else `LOWLEVEL_LAST_STEP`'s), and puts
+    the runtime's sync hook, which stops at it, in place of each `SyncReplicasOptimizer`
+    hook (`modes.script_steps`). Returns (the hooks, whether the script trains in sync).
+    With no last step (no `StopAtStepHook`, or one given `num_steps`, and no
+    `LOWLEVEL_LAST_STEP`) the steps and hooks stay as they are."""
     last = [h.last_step for h in hooks if getattr(h, "last_step", None) is not None
             and isinstance(h, _STOCK["StopAtStepHook"])]
     sync = any(isinstance(h, script_steps.DeferredSyncHook) for h in hooks)
-    if not last:
+    last_step = min(last) if last else script_steps.env_last_step()
+    if last_step is None:
         if v1.get_collection(script_steps.COUNTED_STEPS) or sync:
-            logging.info("no StopAtStepHook(last_step=...) among the session's hooks: the "
-                         "script's steps are not counted to a last step (an async run may "
-                         "end up to (workers - 1) steps past its own)")
+            logging.info("no StopAtStepHook(last_step=...) among the session's hooks and no "
+                         "%s: the script's steps are not counted to a last step (an async "
+                         "run may end up to (workers - 1) steps past its own)",
+                         script_steps.LAST_STEP_ENV)
         return hooks, sync
-    last_step = min(last)
     script_steps.close_limit(v1.get_default_graph(), last_step)
     return [_sync_hook(cluster, h, last_step) if isinstance(h, script_steps.DeferredSyncHook)
             else h for h in hooks], sync

@@ -17,16 +17,6 @@ def installed():
     script_steps.uninstall()
 
 
-def _steps_until_out_of_range(sess, train_op, most=10):
-    """How many runs of `train_op` succeed before `OutOfRangeError` (at most `most`)."""
-    for k in range(most):
-        try:
-            sess.run(train_op)
-        except tf.errors.OutOfRangeError:
-            return k
-    return most
-
-
 @pytest.mark.parametrize("resource", [False, True], ids=["ref_variable", "resource_variable"])
 def test_a_minimize_with_a_global_step_stops_at_the_closed_limit(resource):
     with tf.Graph().as_default() as graph:
@@ -34,15 +24,18 @@ def test_a_minimize_with_a_global_step_stops_at_the_closed_limit(resource):
                                       trainable=False, use_resource=resource)
         w = v1.get_variable("w", [], initializer=v1.constant_initializer(1.0),
                             use_resource=resource)
-        train_op = v1.train.GradientDescentOptimizer(0.5).minimize(
+        train_op = v1.train.GradientDescentOptimizer(0.25).minimize(
             tf.square(w), global_step=global_step)
         assert isinstance(train_op, tf.Operation)
         assert script_steps.close_limit(graph, 3) == 1
         with v1.Session(graph=graph) as sess:
             sess.run(v1.global_variables_initializer())
-            assert _steps_until_out_of_range(sess, train_op) == 3
+            seen = [sess.run([train_op, global_step]) for _ in range(5)]
+            # Past the last step the run returns its other fetches, the step's own None,
+            # and applies nothing: w halves 3 times, not 5.
+            assert [step for _, step in seen[3:]] == [3, 3] and seen[4][0] is None
             assert sess.run(global_step) == 3
-            assert sess.run(w) == 0.0  # w - 0.5 * 2w: 0 after the first step
+            assert sess.run(w) == pytest.approx(0.5 ** 3)
 
 
 def test_the_limit_stays_open_until_closed_and_other_applies_are_stock():
@@ -54,9 +47,34 @@ def test_the_limit_stays_open_until_closed_and_other_applies_are_stock():
         assert len(graph.get_collection(script_steps.COUNTED_STEPS)) == 1
         with v1.Session(graph=graph) as sess:
             sess.run(v1.global_variables_initializer())
-            assert _steps_until_out_of_range(sess, counted, most=5) == 5  # open: int32's max
+            for _ in range(5):
+                sess.run(counted)  # open: int32's max
             sess.run(plain)
             assert sess.run(global_step) == 5
+
+
+def test_the_environment_gives_the_limit_of_a_loop_of_the_scripts_own(monkeypatch):
+    """`LOWLEVEL_LAST_STEP`: the runs of a loop `until step >= N` (mnist_replica.py's) see
+    N and no more; a step reached only through another op still raises at the end."""
+    monkeypatch.setenv(script_steps.LAST_STEP_ENV, "4")
+    with tf.Graph().as_default() as graph:
+        global_step = v1.Variable(0, name="global_step", trainable=False)
+        w = v1.Variable(2.0)
+        step_op = v1.train.GradientDescentOptimizer(0.1).minimize(tf.square(w),
+                                                                  global_step=global_step)
+        grouped = tf.group(step_op)
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            steps = [sess.run([step_op, global_step])[1] for _ in range(6)]
+            # (a run's read of the step and its count-up are not ordered: 3 or 4 in run 4)
+            assert steps[-2:] == [4, 4] and max(steps) == 4, steps  # `until >= 4`: at 4
+            with pytest.raises(tf.errors.OutOfRangeError):
+                sess.run(grouped)
+    monkeypatch.setenv(script_steps.LAST_STEP_ENV, "ten")
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="LOWLEVEL_LAST_STEP='ten': expected a positive"):
+            v1.train.GradientDescentOptimizer(0.1).minimize(
+                tf.square(v1.Variable(1.0)), global_step=v1.train.get_or_create_global_step())
 
 
 def test_a_sync_optimizers_inner_apply_is_left_alone_and_its_hook_is_deferred():
@@ -71,6 +89,7 @@ def test_a_sync_optimizers_inner_apply_is_left_alone_and_its_hook_is_deferred():
         assert isinstance(hook, script_steps.DeferredSyncHook)
         assert hook.global_step is global_step and hook.is_chief and hook.num_tokens == -1
         assert type(hook.stock).__name__ == "_SyncReplicasOptimizerHook"
+        opt.ready_for_local_init_op.mark_used()  # (no session here: TF would warn at exit)
 
 
 def test_no_gradient_at_all_is_refused_as_stock_minimize_refuses_it():

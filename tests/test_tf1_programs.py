@@ -24,7 +24,8 @@ SKELETON = os.path.join(SCRIPTS, "skeleton_trainer.py")
 LAST_STEP = 600
 
 
-def _start(tmp_path, ports, command, last_step=LAST_STEP, extra=(), step_flag="last_step"):
+def _start(tmp_path, ports, command, last_step=LAST_STEP, extra=(), step_flag="last_step",
+           env=None):
     """Starts ps0, worker1 and, once worker1 waits for the chief's model, worker0 (the chief)
     of `command`; returns {name: process}. (Started together, the chief may have the model
     ready before the non-chief first looks, and stock TensorFlow's 30 s wait never shows.)"""
@@ -34,7 +35,7 @@ def _start(tmp_path, ports, command, last_step=LAST_STEP, extra=(), step_flag="l
 
     def start(job, index):
         return clusters.start([*command, *common, f"--job_name={job}", f"--task_index={index}"],
-                              tmp_path / f"{job}{index}.log")
+                              tmp_path / f"{job}{index}.log", env=env)
     procs = {"ps0": start("ps", 0), "worker1": start("worker", 1)}
     deadline = time.monotonic() + 60
     while "Waiting for model to be ready" not in (tmp_path / "worker1.log").read_text():
@@ -167,21 +168,26 @@ def test_a_frozen_ps_ends_the_scripts_workers_with_200_naming_it_at_the_default_
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_supervisor_scripts_own_loop_ends_with_every_task_exiting_0(tmp_path, ports, mode):
-    """A script in mnist_replica.py's shape (`tf.train.Supervisor`, its own loop to
-    `--train_steps`, no hooks) under the runner: after the loop, the non-chief reports its
-    end and the chief tells the ps to exit (`lowlevel.train.end_of_script`). Stock: the ps
-    never exits. Its loop's steps are not counted to a last step (the runtime is not told
-    it): each worker stops once it reads the last step, up to (workers) past it."""
+    """A script in mnist_replica.py's shape (`tf.train.Supervisor`, its own loop until the
+    global step it reads reaches `--train_steps`, no hooks) under the runner: after the
+    loop, the non-chief reports its end and the chief tells the ps to exit
+    (`lowlevel.train.end_of_script`). Stock: the ps never exits. Async, the runner is told
+    the last step (`LOWLEVEL_LAST_STEP`, the script's loop has no hook to say it): each
+    worker's last run sees exactly 300. Sync (the script's own stock queue runner): each
+    worker stops once it reads 300, up to one step per worker past it."""
     command = [sys.executable, "-m", "lowlevel", os.path.join(SCRIPTS, "supervisor_trainer.py")]
     procs = _start(tmp_path, ports, command, last_step=300, step_flag="train_steps",
-                   extra=["--sync_replicas"] if mode == "sync" else [])
+                   extra=["--sync_replicas"] if mode == "sync" else [],
+                   env={"LOWLEVEL_LAST_STEP": "300"} if mode == "async" else None)
     done = clusters.wait_all(procs, 180)
     assert {n: c for n, (c, _) in done.items()} == {n: 0 for n in procs}, \
         {n: clusters.tail(tmp_path / f"{n}.log") for n, (c, _) in done.items() if c != 0}
     assert "the chief signalled the end of training" in (tmp_path / "ps0.log").read_text()
     assert "chief: told 1 ps task(s) to exit" in (tmp_path / "worker0.log").read_text()
     for name in ("worker0", "worker1"):
-        ended = re.search(r"training ended at global step (\d+)", (tmp_path / f"{name}.log"
-                                                                    ).read_text())
-        assert ended and 300 <= int(ended.group(1)) <= 302, clusters.tail(tmp_path / f"{name}.log")
+        log = tmp_path / f"{name}.log"
+        ended = re.search(r"training ended at global step (\d+)", log.read_text())
+        assert ended, clusters.tail(log)
+        assert int(ended.group(1)) == 300 if mode == "async" else \
+            300 <= int(ended.group(1)) <= 302, clusters.tail(log)
     assert done["ps0"][1] - done["worker0"][1] < 10, done  # the ps ended with the chief

@@ -12,10 +12,13 @@ ps/worker task), every `tf.compat.v1.train.Optimizer.apply_gradients` given a `g
 applies) with its limit left open, the largest value of the step's dtype. `close_limit`
 sets it to N when the session is made, before the graph is finalised: each step number up
 to N is then taken by exactly one worker, and a step that finds none left raises
-`tf.errors.OutOfRangeError`, which ends the script's `with MonitoredTrainingSession(...)`
-block as the end of its input does (`MonitoredSession.__exit__`). A script that makes no
-session with a last step (`StopAtStepHook(num_steps=...)`, its own loop over a plain
-`Session`) keeps the open limit: its steps run as the stock ones do, reserved first.
+`tf.errors.OutOfRangeError`; `tf.compat.v1.Session.run` then runs the same fetches with
+the step swapped for a NoOp and returns them (`_run_past_the_end`: the step's result None,
+as an op's is, the global step N), so `StopAtStepHook` and a loop `until step >= N` both
+end there. A script whose loop is its own (a `Supervisor`'s or a plain session, `until
+step >= N`) can give N in the environment, `LOWLEVEL_LAST_STEP=N`: its steps are made with
+that limit. With neither, the limit stays open: the steps run as the stock ones do,
+reserved first.
 
 The limit is an attribute of the `CountUpTo` op, fixed when the op is made; `close_limit`
 changes it with `Operation._set_attr`, TensorFlow's private API (the one reach into TF's
@@ -30,6 +33,7 @@ hook, whose chief loop stops at the last step: tensorflow/tensorflow#7970).
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Optional
@@ -42,6 +46,11 @@ from lowlevel.modes import exact, optimizer_capture
 v1 = tf.compat.v1
 
 COUNTED_STEPS = "lowlevel_counted_steps"  # graph collection: the CountUpTo ops, limit open
+# Graph collection: (a counted step's op, the NoOp run in its place once no step is left).
+STAND_INS = "lowlevel_no_step_left"
+# The environment variable that gives the last step when no StopAtStepHook does (a loop of
+# the script's own, `until step >= N`): a positive integer.
+LAST_STEP_ENV = "LOWLEVEL_LAST_STEP"
 
 _install_lock = threading.Lock()
 _originals: dict = {}  # (class, attribute name) -> TensorFlow's own, while installed
@@ -50,17 +59,19 @@ _sync_global_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def install() -> None:
     """Makes every `tf.compat.v1.train.Optimizer`'s apply with a global step the counted
-    update, and `SyncReplicasOptimizer.make_session_run_hook` a `DeferredSyncHook`, for
-    the rest of the process (once; later calls do nothing)."""
+    update, `SyncReplicasOptimizer.make_session_run_hook` a `DeferredSyncHook`, and
+    `tf.compat.v1.Session.run` one that runs on past the last step (`_run_past_the_end`),
+    for the rest of the process (once; later calls do nothing)."""
     base, sync = v1.train.Optimizer, v1.train.SyncReplicasOptimizer
     with _install_lock:
         if _originals:
             return
         for cls, name in ((base, "apply_gradients"), (sync, "apply_gradients"),
-                          (sync, "make_session_run_hook")):
+                          (sync, "make_session_run_hook"), (v1.Session, "run")):
             _originals[cls, name] = getattr(cls, name)
     own_apply, own_sync_apply = base.apply_gradients, sync.apply_gradients
     own_hook = sync.make_session_run_hook
+    v1.Session.run = _run_past_the_end(v1.Session.run)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         if global_step is None or optimizer_capture.inside_sync():
@@ -87,13 +98,79 @@ def uninstall() -> None:
 
 def counted_step(opt, grads_and_vars, global_step) -> tf.Operation:
     """`opt`'s update of `grads_and_vars` as the counted update of `global_step` (a
-    variable of integer dtype, resource or not), its limit open until `close_limit`.
-    Returns the step's op (as `apply_gradients` returns one)."""
+    variable of integer dtype, resource or not), its limit `first_limit`'s until
+    `close_limit`. Returns the step's op (as `apply_gradients` returns one).
+
+    Raises:
+      ValueError: no gradient at all (as `apply_gradients`); `LOWLEVEL_LAST_STEP` is set
+        to something other than a positive integer.
+    """
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]
     if not pairs:
         raise ValueError(f"No gradients provided for any variable: {grads_and_vars}")
-    open_limit = global_step.dtype.base_dtype.max
-    return exact.counted_update(opt, pairs, global_step, open_limit, COUNTED_STEPS).op
+    step = exact.counted_update(opt, pairs, global_step, first_limit(global_step),
+                                COUNTED_STEPS).op
+    with tf.control_dependencies(None):
+        v1.add_to_collection(STAND_INS, (step, tf.no_op(name="no_step_left")))
+    return step
+
+
+def first_limit(global_step) -> int:
+    """The limit a counted step is made with: `LOWLEVEL_LAST_STEP` when set, else open (the
+    largest value of global_step's dtype)."""
+    value = env_last_step()
+    return global_step.dtype.base_dtype.max if value is None else value
+
+
+def env_last_step():
+    """`LOWLEVEL_LAST_STEP` as an int, None when unset or empty.
+
+    Raises:
+      ValueError: it is not a positive integer.
+    """
+    text = os.environ.get(LAST_STEP_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{LAST_STEP_ENV}={text!r}: expected a positive integer (the global "
+                         "step a script's training ends at)")
+    return int(text)
+
+
+def _run_past_the_end(own_run):
+    """`Session.run` that, when a counted step it runs finds no step left
+    (`OutOfRangeError` from its `CountUpTo`), runs the same fetches again with each counted
+    step fetched in them swapped for a NoOp, and returns that: the step's own result is
+    None (as an op's always is) and the rest (the global step: the last step) are real. A
+    loop `until step >= N` then ends at N; `StopAtStepHook` sees N. A counted step reached
+    only through another fetch (`tf.group(train_op, ...)`) still raises."""
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        try:
+            return own_run(self, fetches, feed_dict, options, run_metadata)
+        except tf.errors.OutOfRangeError as e:
+            swapped = _without_steps(self.graph, fetches, e)
+            if swapped is None:
+                raise
+            return own_run(self, swapped, feed_dict, options, run_metadata)
+    return run
+
+
+def _without_steps(graph, fetches, error):
+    """`fetches` with each counted step in them swapped for its NoOp, when `error` is a
+    counted step's `CountUpTo` and `fetches` holds a counted step; else None."""
+    counted = {op.name for op in graph.get_collection(COUNTED_STEPS)}
+    if error.op is None or error.op.name not in counted:
+        return None
+    stand_ins = dict(graph.get_collection(STAND_INS))
+    found = []
+
+    def swap(fetch):
+        if isinstance(fetch, tf.Operation) and fetch in stand_ins:
+            found.append(fetch)
+            return stand_ins[fetch]
+        return fetch
+    swapped = tf.nest.map_structure(swap, fetches)
+    return swapped if found else None
 
 
 def close_limit(graph, last_step: int) -> int:

@@ -73,21 +73,26 @@ class ForkedTask:
         self.send_signal(signal.SIGKILL)
 
 
+# The modules a task may be forked as: the trainer, and the runner of a user's script
+# (`python -m lowlevel SCRIPT.py`, which runs the script as `__main__` itself).
+FORKABLE = ("lowlevel.trainer", "lowlevel")
+
+
 def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
     """Forks this process into the task `argv` (`[python, "-m", "lowlevel.trainer", ...]`).
 
     Args:
-      argv: the command a cold start would run; its module must be `lowlevel.trainer`.
+      argv: the command a cold start would run; its module must be one of `FORKABLE`.
       env: the task's whole environment.
       output_fd: where the task's stdout and stderr go (the write end of a pipe).
       close_fds: descriptors of this process the task must not keep (the other
         tasks' pipes, the selector).
 
     Raises:
-      ValueError: `argv` does not run `python -m lowlevel.trainer`.
+      ValueError: `argv` does not run `python -m` one of `FORKABLE`.
     """
-    if argv[1:3] != ["-m", "lowlevel.trainer"]:
-        raise ValueError(f"only python -m lowlevel.trainer can be forked, not {argv[:3]}")
+    if len(argv) < 3 or argv[1] != "-m" or argv[2] not in FORKABLE:
+        raise ValueError(f"only python -m {' or '.join(FORKABLE)} can be forked, not {argv[:3]}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # else the child would write the launcher's buffered output again
     process = _FORK.Process(target=_task, args=(argv, env, output_fd, tuple(close_fds)),
@@ -97,7 +102,7 @@ def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
 
 
 def _task(argv, env, output_fd, close_fds):
-    """The child: becomes `python -m lowlevel.trainer argv[3:]`; its exit status is the task's."""
+    """The child: becomes `python -m MODULE argv[3:]`; its exit status is the task's."""
     _default_signals()  # not the launcher's handlers, from the first moment
     for fd in close_fds:
         try:
@@ -127,7 +132,8 @@ def run_as_main(argv: list, env: dict) -> None:
     MODULE, *ARGS]`) in a process forked after TensorFlow's import, with environment `env`.
 
     Resets the signal handlers a parent may have set, takes `env`, the command's name
-    (`setproctitle`, absl's kernel name), absl's flag defaults, then runs MODULE as
+    (`setproctitle`, absl's kernel name), absl's flag defaults (for `lowlevel`, the runner
+    of a user's script: only absl's own flags, `_forget_flags`), then runs MODULE as
     `__main__` (`runpy`); returns or raises as that module does (`SystemExit` carries its
     exit status). Used by the launcher's tasks and by the tests' forked processes.
     """
@@ -146,11 +152,27 @@ def run_as_main(argv: list, env: dict) -> None:
     # absl.app.run sets --verbosity to 0 (INFO) when it is not given, but only in a
     # process's first run; the launcher's came first. Its default is -1 (WARNING).
     flags.FLAGS.set_default("verbosity", 0)
+    if module == "lowlevel":  # a user's script, which defines flags of its own
+        _forget_flags(flags.FLAGS)
     for name in flags.FLAGS:  # back to defaults, for the task's argv to be parsed
         flags.FLAGS[name].unparse()
     sys.argv = [importlib.util.find_spec(module).origin, *argv[3:]]
     # Exits: SystemExit carries the status to multiprocessing's exit.
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _forget_flags(flag_values) -> None:
+    """Removes from `flag_values` every flag lowlevel's modules defined (the trainer's and
+    the launcher's), keeping absl's own: a script run by `python -m lowlevel` defines its
+    own, and one named as the trainer's (`--data_dir`: TensorFlow's `mnist_replica.py`)
+    would be a `DuplicateFlagError`, as it is not in a fresh process."""
+    for module, defined in list(flag_values.flags_by_module_dict().items()):
+        if module.split(".")[0] == "absl":
+            continue
+        for flag in list(defined):
+            for name in {flag.name, flag.short_name} - {None}:
+                if name in flag_values:
+                    delattr(flag_values, name)
 
 
 def _default_signals() -> None:
