@@ -37,13 +37,23 @@ def pytest_collection_modifyitems(config, items):
 
 
 # With three or more workers (scripts/test runs three) the last is the waiting lane: it
-# takes only the tests of these files, which mostly wait on fault timers and outages
-# (~840 s of wall at ~0.55 of a core, run 5's per-test CPU, docs/testing.md), one at a
-# time, while the others take the CPU-bound rest on the two cores; a CPU lane takes
-# waiting tests too once no other test is left. Each group of `XDIST_GROUPS` is a lane's
-# too, the lane of its files.
+# takes only the tests of these files and these tests ("file::name"), which mostly wait
+# on fault timers and outages (~940 s of wall at ~0.5 of a core, runs 5 and 11's per-test
+# CPU, docs/testing.md), one at a time, while the others take the CPU-bound rest on the
+# two cores; a CPU lane takes waiting tests too once no other test is left. Each group of
+# `XDIST_GROUPS` is a lane's too, the lane of its files.
 WAITING = ("test_network_faults.py", "test_chaos.py", "test_links.py", "test_liveness.py",
-           "test_across_hosts.py")
+           "test_across_hosts.py",
+           # ~100 s of a frozen ps at the default limits, 10 s of CPU
+           "test_tf1_programs.py::test_a_frozen_ps_ends_the_scripts_workers_with_200_naming_"
+           "it_at_the_default_limits")
+
+
+def waits(nodeid: str) -> bool:
+    """Whether the test `nodeid` belongs in the waiting lane (`WAITING`)."""
+    name = nodeid.rsplit("/", 1)[-1]
+    return any(name == w or name.startswith(w + "::") or name.startswith(w + "[")
+               for w in WAITING)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -66,7 +76,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _next_scope(self, node):
             """The first queued scope of `node`'s lane; else, on a CPU lane, any; else None."""
-            waiting = {s: file_of(next(iter(unit))) in WAITING
+            waiting = {s: waits(next(iter(unit)))
                        for s, unit in self.workqueue.items()}
             if len(self.nodes) < 3:
                 return next(iter(self.workqueue), None)
