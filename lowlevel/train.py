@@ -298,11 +298,9 @@ def _sync_hook(cluster: Cluster, deferred, last_step: int):
     if global_step is None:
         raise UsageError("SyncReplicasOptimizer.make_session_run_hook before its "
                          "apply_gradients/minimize with a global_step")
-    waited_on = ([cluster.task(PS, k) for k in range(cluster.num_ps)] +
-                 [t for t in cluster.training_tasks() if not t.is_chief])
     return runtime_hooks.SyncReplicasHook(
         deferred.optimizer, deferred.is_chief, global_step, last_step, SYNC_TIMEOUT_SECS,
-        lambda: probes.silent_tasks(cluster, waited_on), num_tokens=deferred.num_tokens)
+        lambda: probes.silent_sync_peers(cluster), num_tokens=deferred.num_tokens)
 
 
 def _protocol_hooks(cluster: Cluster, task: Task, hooks: list) -> list:

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Optional
 
 from absl import logging
 
-from lowlevel.cluster.spec import Cluster, Task
+from lowlevel.cluster.spec import PS, Cluster, Task
 from lowlevel.errors import StartupError, UsageError
 
 POLL_SECS = 0.5  # how often a waiting loop checks for signals and deadlines
@@ -61,6 +61,16 @@ def resolves(host: str) -> bool:
         return bool(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
     except (OSError, UnicodeError):
         return False
+
+
+def silent_sync_peers(cluster: Optional[Cluster]) -> list[str]:
+    """`silent_tasks` among those a sync step waits on: the ps tasks (their accumulators)
+    and the training tasks other than the chief; [] in-process (`cluster` None)."""
+    if cluster is None:
+        return []
+    waited_on = ([cluster.task(PS, k) for k in range(cluster.num_ps)] +
+                 [t for t in cluster.training_tasks() if not t.is_chief])
+    return silent_tasks(cluster, waited_on)
 
 
 def silent_tasks(cluster: Cluster, tasks: Iterable[Task], timeout_secs: float = 1.0) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Optional
 import tensorflow as tf
 
 from lowlevel.cluster import probes
-from lowlevel.cluster.spec import PS, Cluster, Task
+from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
@@ -299,14 +299,11 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
         training.insert(0, start.StartTogetherHook(barrier, task.replica_index, others,
                                                    config.start_wait_secs, preempted))
     if mode.sync:
-        # A sync step waits on the ps tasks (its accumulators) and the other workers.
-        waited_on = ([cluster.task(PS, k) for k in range(cluster.num_ps)] +
-                     [t for t in cluster.training_tasks() if not t.is_chief])
         # Model averaging starts without tokens: a worker's first exchange must
         # wait for the first average, not pull the model it started from.
         training.append(hooks.SyncReplicasHook(
             step.sync_optimizer, task.is_chief, global_step, config.train_steps,
-            config.sync_timeout_secs, lambda: probes.silent_tasks(cluster, waited_on),
+            config.sync_timeout_secs, lambda: probes.silent_sync_peers(cluster),
             num_tokens=0 if mode.local else -1))
     checkpoint = None
     if task.is_chief and config.output_dir:

@@ -32,7 +32,7 @@ from absl import logging
 
 from lowlevel import errors
 from lowlevel.cluster import probes
-from lowlevel.cluster.spec import PS, Cluster, Task
+from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
@@ -143,11 +143,7 @@ class _StepMaker:
         return hook
 
     def _silent_peers(self) -> list:
-        if self._cluster is None:
-            return []
-        waited_on = ([self._cluster.task(PS, k) for k in range(self._cluster.num_ps)] +
-                     [t for t in self._cluster.training_tasks() if not t.is_chief])
-        return probes.silent_tasks(self._cluster, waited_on)
+        return probes.silent_sync_peers(self._cluster)
 
 
 def _step_value(spec, cap, global_step, last_step: int, cluster, model: ModelFnModel):
