@@ -12,6 +12,12 @@ is killed), how long after the chief the non-chief began (TensorFlow's "Done run
 local_init_op" lines), how long the chief ran (start to exit, seconds) and the global
 step of the final checkpoint. `--sync_replicas`:
 the script's `SyncReplicasOptimizer` over both workers, with its hook.
+
+    python -m benchmarks.tf1_skeleton --freeze_ps_after_secs=15 [--freeze_wait_secs=200]
+
+instead freezes ps0 (SIGSTOP) 15 s after the chief started, with no last step in reach,
+and reports how each worker ended: its exit status and when (seconds after the freeze;
+"running (killed)" if it still ran `--freeze_wait_secs` after it), and its last line.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import datetime
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,12 +54,9 @@ def _began(log: str) -> float | None:
     return None
 
 
-def run_once(runner: str, last_step: int, linger_secs: float, out: str,
-             sync: bool = False) -> dict:
-    """One cluster of `runner`; returns its row (see the module doc)."""
-    ps, w0, w1 = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(3))
-    common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--last_step={last_step}",
-              f"--checkpoint_dir={os.path.join(out, 'ckpt')}", f"--sync_replicas={sync}"]
+def _start_cluster(runner: str, common: list, out: str) -> tuple[dict, dict, float]:
+    """Starts ps0, worker1 and, once worker1 waits for the model (at most 120 s), worker0;
+    returns ({name: Popen}, {name: log path}, when the chief started (monotonic s))."""
     procs, logs = {}, {}
 
     def start(job, index):
@@ -70,7 +74,27 @@ def run_once(runner: str, last_step: int, linger_secs: float, out: str,
             break
         time.sleep(0.1)
     start("worker", 0)
-    chief_started = time.monotonic()
+    return procs, logs, time.monotonic()
+
+
+def _common(last_step: int, out: str, sync: bool) -> list:
+    ps, w0, w1 = (f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(3))
+    return [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--last_step={last_step}",
+            f"--checkpoint_dir={os.path.join(out, 'ckpt')}", f"--sync_replicas={sync}"]
+
+
+def _end(procs: dict) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a frozen ps, killed below
+            proc.kill()
+            proc.wait()
+
+
+def run_once(runner: str, last_step: int, linger_secs: float, out: str,
+             sync: bool = False) -> dict:
+    """One cluster of `runner`; returns its row (see the module doc)."""
+    procs, logs, chief_started = _start_cluster(runner, _common(last_step, out, sync), out)
     exited = {}
     deadline = time.monotonic() + 600
     while len(exited) < 3 and time.monotonic() < deadline:
@@ -80,10 +104,7 @@ def run_once(runner: str, last_step: int, linger_secs: float, out: str,
         if "worker0" in exited and time.monotonic() - exited["worker0"] > linger_secs:
             break
         time.sleep(0.1)
-    for name, proc in procs.items():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _end(procs)
     chief = exited.get("worker0")
     began = [_began(logs[n]) for n in ("worker0", "worker1")]
     step = _final_step(os.path.join(out, "ckpt"))
@@ -96,6 +117,31 @@ def run_once(runner: str, last_step: int, linger_secs: float, out: str,
         row[name] = ("running (killed)" if name not in exited else
                      f"exit {code}" + ("" if name == "worker0" or chief is None else
                                        f", {exited[name] - chief:+.1f} s"))
+    return row
+
+
+def run_frozen(runner: str, freeze_after_secs: float, wait_secs: float, out: str,
+               sync: bool = False) -> dict:
+    """One cluster of `runner` with no last step in reach, ps0 frozen (SIGSTOP)
+    `freeze_after_secs` after the chief started; returns each worker's exit status and
+    seconds after the freeze ("running (killed)" if it still ran `wait_secs` after it) and
+    its last line."""
+    procs, logs, chief_started = _start_cluster(runner, _common(10**9, out, sync), out)
+    time.sleep(max(0.0, chief_started + freeze_after_secs - time.monotonic()))
+    os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    frozen, exited = time.monotonic(), {}
+    while len(exited) < 2 and time.monotonic() < frozen + wait_secs:
+        for name in ("worker0", "worker1"):
+            if name not in exited and procs[name].poll() is not None:
+                exited[name] = time.monotonic() - frozen
+        time.sleep(0.1)
+    _end(procs)
+    row = {"runner": runner, "frozen_after_s": freeze_after_secs}
+    for name in ("worker0", "worker1"):
+        lines = [line.strip() for line in open(logs[name], errors="replace") if line.strip()]
+        row[name] = (f"exit {procs[name].returncode} at {exited[name]:.1f} s"
+                     if name in exited else "running (killed)")
+        row[f"{name}_last_line"] = lines[-1][:160] if lines else ""
     return row
 
 
@@ -115,16 +161,25 @@ def main() -> None:
                         help="how long a task may run on after the chief exits")
     parser.add_argument("--sync_replicas", action="store_true",
                         help="the script's SyncReplicasOptimizer over both workers")
+    parser.add_argument("--freeze_ps_after_secs", type=float, default=None,
+                        help="instead: freeze ps0 (SIGSTOP) this long after the chief starts, "
+                             "no last step in reach, and report how the workers end")
+    parser.add_argument("--freeze_wait_secs", type=float, default=200.0,
+                        help="with --freeze_ps_after_secs: how long to wait for the workers")
     flags = parser.parse_args()
     rows = []
     for k in range(flags.runs):
         for runner in RUNNERS:
             out = tempfile.mkdtemp(prefix=f"tf1_skeleton_{runner}_")
             rows.append(run_once(runner, flags.last_step, flags.linger_secs, out,
-                                 flags.sync_replicas))
+                                 flags.sync_replicas)
+                        if flags.freeze_ps_after_secs is None else
+                        run_frozen(runner, flags.freeze_ps_after_secs, flags.freeze_wait_secs,
+                                   out, flags.sync_replicas))
             print(rows[-1], flush=True)
-    keys = ["runner", "ps0", "worker0", "worker1", "nonchief_began_after_chief_s", "chief_ran_s",
-            "final_step"]
+    keys = (["runner", "ps0", "worker0", "worker1", "nonchief_began_after_chief_s",
+             "chief_ran_s", "final_step"] if flags.freeze_ps_after_secs is None else
+            ["runner", "frozen_after_s", "worker0", "worker1", "worker1_last_line"])
     print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for row in rows:
         print("| " + " | ".join(str(row[k]) for k in keys) + " |")

@@ -52,11 +52,18 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   session is closed, tensorflow/tensorflow#7970), and the outage clock counts the other
   workers too (a sync step waits for them).
 - A loop of the script's own (a `Supervisor`'s or a plain session, no
-  `MonitoredTrainingSession`): `end_of_script`, after it, ends the cluster.
+  `MonitoredTrainingSession`): the main thread's runs of a session on a worker's `Server`
+  have the same deadline and outage clock (`_watch_own_loops`); a run that fails because
+  gRPC's keepalive closed the channel to a silent peer (`UnavailableError`) is run again
+  on the same session too (a plain session stays usable; it cannot be replaced, the
+  script holds it), so a frozen ps ends the task with status 200 naming it.
+  `end_of_script`, after the loop, ends the cluster.
 
 Not taken over yet (stock behaviour): `replica_device_setter`'s placement; a last step
 given only as `StopAtStepHook(num_steps=...)` (the steps run uncounted); a sync loop of the
-script's own (its chief's queue runner is the stock one).
+script's own (its chief's queue runner is the stock one); runs of the script's own sessions
+in threads other than the main one (a `Supervisor`'s services: the watchdog still ends a
+task whose main thread is held).
 """
 
 from __future__ import annotations
@@ -163,8 +170,9 @@ class Server(_STOCK["Server"]):
         self.task = task
         if task is not None:
             script_steps.install()  # the counted step, for the graph the script builds next
+            _watch_own_loops()
             with _lock:
-                _tasks[self.target] = (cluster, task, config)
+                _tasks[tf.compat.as_text(self.target)] = (cluster, task, config)
             logging.info("%s: server listening (%s)", task.name, self.target)
 
     def join(self):
@@ -176,11 +184,88 @@ class Server(_STOCK["Server"]):
         until the process ends)."""
         if self.task is None or self.task.job_name != PS:
             return super().join()
-        shutdown.run_std_server(self, self.task, _tasks[self.target][2])
+        shutdown.run_std_server(self, self.task, _tasks[tf.compat.as_text(self.target)][2])
         logging.flush()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # a Server has no working Stop(): its destructor could hang an exit
+
+
+_own_watches: dict = {}  # {server.target: faults.FaultWatch} of sessions a script made itself
+
+
+def _watch_own_loops() -> None:
+    """Gives the main thread's runs of a session the script made itself (a `Supervisor`'s,
+    a plain `tf.compat.v1.Session(server.target)`) on a worker's `Server` of this process
+    the deadline and outage clock `MonitoredTrainingSession`'s runs have (`_own_loop_run`),
+    for the rest of the process (once; later calls do nothing)."""
+    with _lock:
+        own = v1.Session.run
+        if getattr(own, "lowlevel_own_loops", False):
+            return
+
+        def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+            watch = _own_loop_watch(self)
+            if watch is None:
+                return own(self, fetches, feed_dict, options, run_metadata)
+            return _own_loop_run(watch, lambda merged: own(self, fetches, feed_dict, merged,
+                                                           run_metadata), options)
+        run.lowlevel_own_loops = True
+        v1.Session.run = run
+
+
+_in_watched_run = threading.local()
+
+
+def _own_loop_watch(session) -> Optional[faults.FaultWatch]:
+    """The task's watch for a run of `session` in the main thread, outside another watched
+    run, when its target is a worker's `Server` of this process that no
+    `MonitoredTrainingSession` of ours runs on (those have theirs: `_WatchedSession`);
+    else None (the run is stock). Made on first use, with the watchdog (`faults.Outage`)."""
+    if getattr(_in_watched_run, "active", False) or \
+            threading.current_thread() is not threading.main_thread():
+        return None
+    target = tf.compat.as_text(session.sess_str or "")
+    with _lock:
+        found = _tasks.get(target)
+        if found is None or target in _protocol_in_hooks or found[1].job_name == PS:
+            return None
+        watch = _own_watches.get(target)
+        if watch is None:
+            cluster, task, _ = found
+            peers = faults.peers_of(cluster, task, sync=script_steps.trains_in_sync())
+            watch = _own_watches[target] = faults.FaultWatch(
+                task.name, peers, STEP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS)
+            watch.outage.watchdog()
+    return watch
+
+
+def _own_loop_run(watch: faults.FaultWatch, run, options):
+    """`run(options)` under `watch` (`faults.FaultWatch.run`: the deadline, reports, the
+    outage clock), the run's own shorter deadline kept.
+
+    Raises:
+      errors.NetworkFault: the peers did not answer for `FAULT_TIMEOUT_SECS` (exit status
+        200 under the runner).
+    """
+    _in_watched_run.active = True
+    try:
+        return watch.run(lambda deadline: run(_merged_options(deadline, options)),
+                         lost=(tf.errors.UnavailableError,))
+    finally:
+        _in_watched_run.active = False
+
+
+def _merged_options(deadline, options):
+    """`deadline` (RunOptions with the watch's timeout) merged with a run's own `options`,
+    the shorter timeout kept."""
+    merged = v1.RunOptions()
+    merged.CopyFrom(deadline)
+    if options is not None:
+        merged.MergeFrom(options)
+        if options.timeout_in_ms:
+            merged.timeout_in_ms = min(options.timeout_in_ms, deadline.timeout_in_ms)
+    return merged
 
 
 class StopAtStepHook(_STOCK["StopAtStepHook"]):
@@ -260,6 +345,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
 def _claim(master: str) -> Optional[tuple]:
     """(Cluster, Task, ConfigProto) of this process's `Server` whose target is `master`,
     now marked as running the protocol in its session's hooks; None if there is none."""
+    master = tf.compat.as_text(master or "")
     with _lock:
         found = _tasks.get(master)
         if found is not None:
@@ -345,13 +431,8 @@ class _WatchedSession:
           errors.NetworkFault: the peers did not answer for `FAULT_TIMEOUT_SECS`.
         """
         def once(deadline):
-            merged = v1.RunOptions()
-            merged.CopyFrom(deadline)
-            if options is not None:
-                merged.MergeFrom(options)
-                if options.timeout_in_ms:
-                    merged.timeout_in_ms = min(options.timeout_in_ms, deadline.timeout_in_ms)
-            return self._session.run(fetches, feed_dict=feed_dict, options=merged,
+            return self._session.run(fetches, feed_dict=feed_dict,
+                                     options=_merged_options(deadline, options),
                                      run_metadata=run_metadata)
         return self._watch.run(once)
 

@@ -114,6 +114,39 @@ def test_other_errors_pass_through():
             tf.errors.UnavailableError(None, None, "gone")))
 
 
+def test_a_lost_connection_is_run_again_reported_once_per_interval_until_the_limit(
+        monkeypatch):
+    """`lost` errors (a script's own session: gRPC's keepalive closed the channel to a
+    frozen ps, or a dead ps refuses at once) are run again on the outage clock, one line
+    per `REPORT_EVERY_SECS`, and end in NetworkFault at the limit; a run that completes
+    ends the outage."""
+    lines = []
+    monkeypatch.setattr(faults.logging, "warning", lambda *a: lines.append(a[0] % a[1:]))
+    clock = Clock()
+    watch = faults.FaultWatch("worker1", [], 60.0, 30.0, clock)
+    failures = []
+
+    def run(options):
+        clock.now += 2.0
+        failures.append(clock.now)
+        if len(failures) == 8:
+            return "ran"
+        raise tf.errors.UnavailableError(None, None, "Socket closed\nmore")
+
+    assert watch.run(run, lost=(tf.errors.UnavailableError,)) == "ran"
+    assert watch.outage.since is None
+    assert len(lines) == 2, lines  # 2 and 12 s into the outage (7 failures)
+    assert "step failed (UnavailableError: Socket closed); every peer answers" in lines[0]
+
+    def always_lost(options):
+        clock.now += 2.0
+        raise tf.errors.UnavailableError(None, None, "ping timeout")
+
+    with pytest.raises(errors.NetworkFault, match=r"no step completed for 30 s"):
+        watch.run(always_lost, lost=(tf.errors.UnavailableError,))
+    assert len(lines) == 5, lines  # then 2, 12 and 22 s into the second outage
+
+
 def test_a_retry_deadline_is_what_is_left_of_the_outage_and_it_gives_up_at_the_limit():
     clock = Clock()
     watch = faults.FaultWatch("worker1", [], 5.0, 12.0, clock)

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from benchmarks import _links
 from lowlevel.cluster import channels
 from lowlevel.testing import netns
 from tests import clusters
@@ -38,6 +39,8 @@ def names(num_workers):
 NAMES = names(2)
 
 
+# ps0's link during a sync worker's outage, bits/s (test_one_sync_worker_partitioned_then_healed).
+OUTAGE_RATE = 20_000_000
 COMMON = ["--save_checkpoint_steps=100", "--log_every_secs=0.5", "--startup_timeout_secs=60"]
 
 
@@ -382,13 +385,16 @@ def test_a_host_name_that_stops_resolving_mid_run_does_not_stop_training(cluster
 
 
 @pytest.mark.timeout(360)
-# The run must last longer than the outage, or the victim comes back to a finished run:
-# with a backup worker it goes on at full pace (600 steps once ended 3 s into it, at step
-# 597, on a quiet machine); without one the chief goes on alone too, taking the victim's
-# sync tokens (600 steps ended 11 s into it in the clean-clone suite, 2026-11-26).
-@pytest.mark.parametrize("workers,replicas,steps", [(2, 2, 3000), (3, 2, 6000)],
-                         ids=["no_backup", "backup"])
-def test_one_sync_worker_partitioned_then_healed(make_cluster, workers, replicas, steps):
+# The run must last longer than the outage and the victim's return, or the victim comes
+# back to a finished run: with a backup worker the others go on at full pace (600 steps
+# once ended 3 s into the outage, on a quiet machine); without one the chief goes on
+# alone too, taking the victim's sync tokens (600 steps ended 11 s into it in the
+# clean-clone suite, 2026-11-26). So ps0's link is slowed to OUTAGE_RATE for the outage:
+# ~7 global steps/s instead of ~135 (2,400 steps ended 15 s after the victim's return on
+# a quiet machine; 6,000 steps at full pace had cost 104 s of CPU, 2,400 this way 50 s).
+@pytest.mark.parametrize("workers,replicas", [(2, 2), (3, 2)], ids=["no_backup", "backup"])
+def test_one_sync_worker_partitioned_then_healed(make_cluster, workers, replicas):
+    steps = 2400
     hosts, procs, out = make_cluster("--sync", f"--replicas_to_aggregate={replicas}",
                                      f"--train_steps={steps}", "--step_timeout_secs=3",
                                      "--fault_timeout_secs=60", workers=workers)
@@ -396,9 +402,12 @@ def test_one_sync_worker_partitioned_then_healed(make_cluster, workers, replicas
     victim = f"worker{workers - 1}"
     hosts.partition(victim)
     cut = time.time()
+    _links.shape(hosts, "ps0", OUTAGE_RATE)
     time.sleep(15)  # the outage itself
+    _links.shape(hosts, "ps0", 10**10)  # no limit to speak of
     hosts.heal(victim)
     assert_all_exit_0_exact(procs, out, steps)
+    assert clusters.task_events(out, victim, "fault_cleared")  # it trained again, before the end
     assert any(r["unix_time"] - cut < 15 for r in noticed(out, victim))
     chief_waited = [r for r in noticed(out, "worker0") if cut <= r["unix_time"] <= cut + 15]
     if replicas < workers:  # a backup worker: the chief never waited

@@ -140,22 +140,35 @@ def _wait_for_line(log, text, timeout_secs=120):
 @pytest.mark.timeout(420)
 def test_a_frozen_ps_ends_the_scripts_workers_with_200_naming_it_at_the_default_limits(
         tmp_path, ports):
-    """The skeleton under the runner, no limits set (a script has no flags for them): ps0
-    frozen (SIGSTOP) in steady training. Each worker's run passes its 60 s deadline, is
+    """Two scripts under the runner side by side, no limits set (a script has no flags for
+    them): the skeleton (`MonitoredTrainingSession`) and the Supervisor script (its own
+    loop over `prepare_or_wait_for_session`'s session, as mnist_replica.py). Each one's ps0
+    frozen (SIGSTOP) in steady training: each worker's run passes its 60 s deadline, is
     reported and run again, and 90 s into the outage the worker exits 200, its last line
     naming ps0 (`lowlevel.train`'s defaults, the trainer's). Stock TensorFlow: the workers
     wait on the frozen ps for good (the shared notes: no line, no error after 150 s)."""
-    procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON],
-                   last_step=10_000_000)
-    _wait_for_line(tmp_path / "worker0.log", "global_step/sec")  # 100 steps in
+    scripts = {"skeleton": (SKELETON, "last_step"),
+               "supervisor": (os.path.join(SCRIPTS, "supervisor_trainer.py"), "train_steps")}
+    runs = {}
+    for name, (script, flag) in scripts.items():
+        (tmp_path / name).mkdir()
+        runs[name] = _start(tmp_path / name, ports, [sys.executable, "-m", "lowlevel", script],
+                            last_step=10_000_000, step_flag=flag)
+    _wait_for_line(tmp_path / "skeleton" / "worker0.log", "global_step/sec")  # 100 steps in
+    for worker in ("worker0", "worker1"):
+        _wait_for_line(tmp_path / "supervisor" / f"{worker}.log", "session ready")
     time.sleep(3)  # steady training, past every first run
-    os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    for procs in runs.values():
+        os.kill(procs["ps0"].pid, signal.SIGSTOP)
     struck = time.monotonic()
     try:
-        done = clusters.wait_all({n: p for n, p in procs.items() if n != "ps0"}, 60 + 90 + 60)
+        done = clusters.wait_all({f"{run}/{n}": p for run, procs in runs.items()
+                                  for n, p in procs.items() if n != "ps0"}, 60 + 90 + 60)
     finally:
-        os.kill(procs["ps0"].pid, signal.SIGCONT)
-        procs["ps0"].kill()
+        for procs in runs.values():
+            os.kill(procs["ps0"].pid, signal.SIGCONT)
+            procs["ps0"].kill()
+    assert len(done) == 4
     for name, (code, _) in done.items():
         log = tmp_path / f"{name}.log"
         assert code == 200, (name, code, clusters.tail(log))

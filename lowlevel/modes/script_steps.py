@@ -46,8 +46,9 @@ from lowlevel.modes import exact, optimizer_capture
 v1 = tf.compat.v1
 
 COUNTED_STEPS = "lowlevel_counted_steps"  # graph collection: the CountUpTo ops, limit open
-# Graph collection: (a counted step's op, the NoOp run in its place once no step is left).
-STAND_INS = "lowlevel_no_step_left"
+# The name, under a counted step's own (`STEP/no_step_left`), of the NoOp run in its place
+# once no step is left.
+STAND_IN = "no_step_left"
 # The environment variable that gives the last step when no StopAtStepHook does (a loop of
 # the script's own, `until step >= N`): a positive integer.
 LAST_STEP_ENV = "LOWLEVEL_LAST_STEP"
@@ -96,6 +97,11 @@ def uninstall() -> None:
         _originals.clear()
 
 
+def trains_in_sync() -> bool:
+    """Whether a `SyncReplicasOptimizer` has been applied in this process (since `install`)."""
+    return len(_sync_global_steps) > 0
+
+
 def counted_step(opt, grads_and_vars, global_step) -> tf.Operation:
     """`opt`'s update of `grads_and_vars` as the counted update of `global_step` (a
     variable of integer dtype, resource or not), its limit `first_limit`'s until
@@ -110,8 +116,8 @@ def counted_step(opt, grads_and_vars, global_step) -> tf.Operation:
         raise ValueError(f"No gradients provided for any variable: {grads_and_vars}")
     step = exact.counted_update(opt, pairs, global_step, first_limit(global_step),
                                 COUNTED_STEPS).op
-    with tf.control_dependencies(None):
-        v1.add_to_collection(STAND_INS, (step, tf.no_op(name="no_step_left")))
+    with tf.control_dependencies(None), tf.name_scope(step.name + "/"):
+        tf.no_op(name=STAND_IN)
     return step
 
 
@@ -161,14 +167,17 @@ def _without_steps(graph, fetches, error):
     counted = {op.name for op in graph.get_collection(COUNTED_STEPS)}
     if error.op is None or error.op.name not in counted:
         return None
-    stand_ins = dict(graph.get_collection(STAND_INS))
     found = []
 
     def swap(fetch):
-        if isinstance(fetch, tf.Operation) and fetch in stand_ins:
-            found.append(fetch)
-            return stand_ins[fetch]
-        return fetch
+        if not isinstance(fetch, tf.Operation):
+            return fetch
+        try:
+            stand_in = graph.get_operation_by_name(f"{fetch.name}/{STAND_IN}")
+        except KeyError:
+            return fetch
+        found.append(fetch)
+        return stand_in
     swapped = tf.nest.map_structure(swap, fetches)
     return swapped if found else None
 

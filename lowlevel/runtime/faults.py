@@ -60,6 +60,10 @@ PROBE_TIMEOUT_SECS = 1.0  # how long one probe round waits for the peers' answer
 # up to ~5 s.
 WATCHDOG_GRACE_SECS = 10.0
 GUARD_POLL_SECS = 0.2  # how often `abandonable` checks its guard
+# The shortest time between two runs of `FaultWatch.run` that failed with a lost connection
+# (a dead peer refuses at once): seconds.
+RETRY_PAUSE_SECS = 1.0
+REPORT_EVERY_SECS = 10.0  # the longest `FaultWatch.failed` stays silent in an outage
 
 
 class Outage:
@@ -289,12 +293,18 @@ class FaultWatch:
         self.options = v1.RunOptions(timeout_in_ms=max(1, int(step_timeout_secs * 1000)))
         self.outage = outage or Outage(task_name, peers, fault_timeout_secs, clock)
         self._clock = clock
+        self._reported: Optional[tuple] = None  # (outage start, when) of `failed`'s last line
 
-    def run(self, fn: Callable, what: str = "step", global_step: Optional[int] = None):
+    def run(self, fn: Callable, what: str = "step", global_step: Optional[int] = None,
+            lost: tuple = ()):
         """Returns `fn(options)`, run again after each deadline until it completes.
 
         During an outage a run's deadline is what is left of it, if less than
-        `step_timeout_secs`: the task gives up at the limit, not a deadline later.
+        `step_timeout_secs`: the task gives up at the limit, not a deadline later. A run
+        that fails with one of the `lost` error types (`tf.errors.UnavailableError`: gRPC's
+        keepalive closed the channel to a peer that stopped answering) is reported and run
+        again likewise, at most every `RETRY_PAUSE_SECS` (the session must stay usable
+        after it: a plain session does, `MonitoredSession` makes a new one instead).
 
         Raises:
           NetworkFault: the outage lasted `fault_timeout_secs`.
@@ -303,12 +313,17 @@ class FaultWatch:
         while True:
             self.outage.check(what)
             options = self._options()
-            self.outage.run_started = self._clock()
+            started = self.outage.run_started = self._clock()
             self.outage.run_timeout_secs = options.timeout_in_ms / 1000.0
             try:
                 value = fn(options)
             except tf.errors.DeadlineExceededError as e:
                 self.timed_out(what, e, global_step)
+                continue
+            except lost as e:
+                self.failed(what, e, global_step)
+                time.sleep(max(0.0, min(started + RETRY_PAUSE_SECS - self._clock(),
+                                        self.outage.remaining())))
                 continue
             finally:
                 self.outage.run_started = self.outage.run_timeout_secs = None
@@ -346,6 +361,28 @@ class FaultWatch:
         logging.warning("%s: %s did not complete within %g s (--step_timeout_secs); %s; "
                         "retrying (giving up after %g s, --fault_timeout_secs)",
                         self.task_name, what, self.step_timeout_secs, self.outage.who(silent),
+                        self.fault_timeout_secs)
+
+    def failed(self, what: str, error: BaseException, global_step: Optional[int]) -> None:
+        """Reports a run that failed with a lost connection (its outage begun when the last
+        run completed), in a line at most every `REPORT_EVERY_SECS`; raises NetworkFault
+        past the limit."""
+        self.outage.begin(None, what)
+        silent = self.not_answering()
+        message = ((getattr(error, "message", None) or str(error)).strip().splitlines()
+                   or [""])[0]
+        if self.outage.remaining() <= 0:
+            raise self.outage.give_up(what, silent)
+        now, since = self._clock(), self.outage.since
+        if self._reported is not None and self._reported[0] == since and \
+                now - self._reported[1] < REPORT_EVERY_SECS:
+            return  # a dead peer refuses at once: one line per REPORT_EVERY_SECS
+        self._reported = (since, now)
+        events.emit("fault_noticed", global_step, error=f"{what} failed: {message}",
+                    missing=silent, waited_secs=round(self.outage.waited(), 3))
+        logging.warning("%s: %s failed (%s: %s); %s; retrying (giving up after %g s, "
+                        "--fault_timeout_secs)", self.task_name, what, type(error).__name__,
+                        message, self.outage.who(silent),
                         self.fault_timeout_secs)
 
     def answered(self, global_step: Optional[int] = None) -> None:
