@@ -97,6 +97,11 @@ def open_log(output_dir: Optional[str], task_name: str) -> None:
         _sink = {"fd": fd, "task": task_name}
 
 
+def is_open() -> bool:
+    """Whether `open_log` has given `emit` a file."""
+    return _sink is not None
+
+
 def emit(event: str, global_step: Optional[int] = None, **fields) -> None:
     """Appends one record; does nothing before `open_log`. Never raises.
 

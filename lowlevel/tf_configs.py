@@ -30,7 +30,9 @@ Your own TF1 program (or Estimator script) in place of the trainer, `--script=PA
 path as the tasks see it) with the script's arguments after `--`: every task runs
 `python -m lowlevel PATH ARGS`, given its cluster as the Distributed TensorFlow guide's
 `--ps_hosts --worker_hosts --job_name --task_index` after ARGS (`--script_cluster=flags`,
-the default but with a TFJob) or as `TF_CONFIG` (`tf_config`, the default with
+the default but with a TFJob; in a TFJob, whose replicas share one pod template, the
+runner reads them from the operator's `TF_CONFIG`: `python -m lowlevel
+--cluster_flags_from_tf_config PATH ARGS`) or as `TF_CONFIG` (`tf_config`, the default with
 `--format=tfjob`: the operator sets it). The pods then have no metrics port or probes
 (a script serves none) and no `--max_restarts` (docs/tf1-programs.md).
 """
@@ -78,8 +80,10 @@ flags.DEFINE_string("script", None, "Your own TF1 program (or Estimator script) 
                     "--active_deadline_secs bound the restarts).")
 flags.DEFINE_enum("script_cluster", None, ["flags", "tf_config"], "With --script: flags: the "
                   "Distributed TensorFlow guide's --ps_hosts --worker_hosts --job_name "
-                  "--task_index after ARGS (ps and worker jobs only; not with --format=tfjob, "
-                  "whose replicas share one pod template); tf_config: TF_CONFIG in each "
+                  "--task_index after ARGS (ps and worker jobs only; with --format=tfjob, whose "
+                  "replicas share one pod template, the runner reads them from the "
+                  "operator's TF_CONFIG: --cluster_flags_from_tf_config); tf_config: "
+                  "TF_CONFIG in each "
                   "task's environment. Default: tf_config with --format=tfjob (the training "
                   "operator sets it), else flags.")
 
@@ -210,10 +214,6 @@ def check_script_flags(args: list[str]) -> None:
                          "the script its own flags after '--'")
     if script_cluster() != "flags":
         return
-    if FLAGS.format == "tfjob":
-        raise UsageError("--script_cluster=flags: a TFJob's replicas share one pod template, "
-                         "so no task can be given its own --task_index; the operator sets "
-                         "TF_CONFIG (--script_cluster=tf_config), or use --format=k8s")
     if FLAGS.chief or FLAGS.chief_job or FLAGS.evaluator:
         raise UsageError("--script_cluster=flags: the guide's flags name ps and worker tasks "
                          "only (worker 0 is the chief); for a chief or an evaluator use "
@@ -260,8 +260,12 @@ def kubernetes_docs(extra: list[str]) -> list[dict]:
     options = dataclasses.replace(_pod_options(), scanner_skips=k8s.scanner_skips(
         image, FLAGS.run_as_user, FLAGS.cpu_limits, probes=bool(metrics_port)))
     if script:  # python -m lowlevel SCRIPT ARGS: no metrics, no restart budget of its own
-        options = dataclasses.replace(options, metrics_port=None,
-                                      command=(FLAGS.python, "-m", "lowlevel"))
+        # A TFJob's replicas share one pod template: the runner turns the operator's
+        # TF_CONFIG into each pod's --task_index and the rest of the guide's flags.
+        from_tf_config = FLAGS.format == "tfjob" and script_cluster() == "flags"
+        options = dataclasses.replace(options, metrics_port=None, command=(
+            FLAGS.python, "-m", "lowlevel",
+            *(["--cluster_flags_from_tf_config"] if from_tf_config else [])))
         args = [FLAGS.script, *extra]
     else:
         args = ([f"--output_dir={FLAGS.output_dir}"] + (["--sync"] if FLAGS.sync else [])

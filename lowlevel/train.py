@@ -34,7 +34,10 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   the outage has lasted 90 s the task gives up with `errors.NetworkFault` naming the peers
   that do not answer (exit status 200 under the runner), a watchdog ending it likewise if
   it is stuck in a call TensorFlow gives no deadline. A session lost to a failed task is
-  replaced on the same clock.
+  replaced on the same clock. A script has no flags for these limits: the environment
+  gives others, `LOWLEVEL_<FLAG>` for the trainer's flag of the same meaning
+  (`LOWLEVEL_STEP_TIMEOUT_SECS`, `_FAULT_TIMEOUT_SECS`, `_STARTUP_TIMEOUT_SECS`,
+  `_SYNC_TIMEOUT_SECS`, `_SHUTDOWN_TIMEOUT_SECS`; `limit`).
 
   Under the runner, SIGTERM or SIGINT in training stops the loop after its current run;
   the chief's close saves its checkpoint; the process exits 128 + N (143 for SIGTERM:
@@ -59,7 +62,10 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   script holds it), so a frozen ps ends the task with status 200 naming it.
   `end_of_script`, after the loop, ends the cluster.
 
-Not taken over yet (stock behaviour): `replica_device_setter`'s placement; a last step
+- `replica_device_setter`: with several ps tasks, variables balanced by bytes (greedy:
+  each to the ps holding the fewest bytes so far; stock: round-robin), on the ps's CPU.
+
+Not taken over yet (stock behaviour): a last step
 given only as `StopAtStepHook(num_steps=...)` (the steps run uncounted); a sync loop of the
 script's own (its chief's queue runner is the stock one); runs of the script's own sessions
 in threads other than the main one (a `Supervisor`'s services: the watchdog still ends a
@@ -82,13 +88,15 @@ from lowlevel.cluster import probes
 from lowlevel.errors import UsageError
 from lowlevel.modes import script_steps
 from lowlevel.runtime import server as server_lib
-from lowlevel.runtime import faults, hooks as runtime_hooks, preemption, sessions, shutdown
+from lowlevel.runtime import faults, hooks as runtime_hooks, placement, preemption, progress
+from lowlevel.runtime import sessions, shutdown
 from lowlevel.runtime.training import STOP_GRACE_SECS, ClusterWaits
 
 v1 = tf.compat.v1
 _stock = v1.train  # the module itself: its attributes are replaced by `install`
-_STOCK = {name: getattr(_stock, name)
-          for name in ("Server", "MonitoredTrainingSession", "StopAtStepHook")}
+_STOCK = {name: getattr(_stock, name) for name in
+          ("Server", "MonitoredTrainingSession", "StopAtStepHook", "replica_device_setter")}
+_stock_replica_device_setter = _STOCK["replica_device_setter"]
 
 # The trainer's defaults (`lowlevel.config.TrainConfig`), seconds: a session's wait for the
 # ps tasks to answer at start-up (--startup_timeout_secs); the deadline of every run
@@ -103,6 +111,13 @@ SYNC_TIMEOUT_SECS = 30.0
 # Seconds the chief waits after its last step for the other workers' end reports (the
 # trainer's --shutdown_timeout_secs default).
 SHUTDOWN_TIMEOUT_SECS = 60.0
+# A script has no flags for the limits: the environment variable LOWLEVEL_<FLAG NAME>
+# (LOWLEVEL_STEP_TIMEOUT_SECS=20) gives one other than its default (`limit`).
+LIMITS = {"startup_timeout_secs": STARTUP_TIMEOUT_SECS, "step_timeout_secs": STEP_TIMEOUT_SECS,
+          "fault_timeout_secs": FAULT_TIMEOUT_SECS, "sync_timeout_secs": SYNC_TIMEOUT_SECS,
+          "shutdown_timeout_secs": SHUTDOWN_TIMEOUT_SECS}
+# Seconds between a worker's progress lines (`runtime.progress.GlobalStepProgressHook`).
+PROGRESS_EVERY_SECS = 10.0
 # MonitoredTrainingSession's stock stop grace, seconds: taken to mean "not given".
 _STOCK_STOP_GRACE_SECS = 120
 
@@ -191,6 +206,39 @@ class Server(_STOCK["Server"]):
         os._exit(0)  # a Server has no working Stop(): its destructor could hang an exit
 
 
+def limit(name: str) -> float:
+    """The limit `name` (a key of `LIMITS`, the trainer's flag of the same name), seconds:
+    the environment's `LOWLEVEL_<NAME>` when set, else its default.
+
+    Raises:
+      UsageError: the variable is set to something other than a positive number (exit
+        status 2 under the runner).
+    """
+    variable = f"LOWLEVEL_{name.upper()}"
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return LIMITS[name]
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"{variable}={text!r}: expected a positive number of seconds (the "
+                         f"trainer's --{name}; default {LIMITS[name]:g})")
+    return value
+
+
+def check_limits() -> None:
+    """Reads every limit the environment gives (`limit`), so that a wrong one stops the
+    runner before the script starts.
+
+    Raises:
+      UsageError: one of them is not a positive number.
+    """
+    for name in LIMITS:
+        limit(name)
+
+
 _own_watches: dict = {}  # {server.target: faults.FaultWatch} of sessions a script made itself
 
 
@@ -235,7 +283,7 @@ def _own_loop_watch(session) -> Optional[faults.FaultWatch]:
             cluster, task, _ = found
             peers = faults.peers_of(cluster, task, sync=script_steps.trains_in_sync())
             watch = _own_watches[target] = faults.FaultWatch(
-                task.name, peers, STEP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS)
+                task.name, peers, limit("step_timeout_secs"), limit("fault_timeout_secs"))
             watch.outage.watchdog()
     return watch
 
@@ -278,6 +326,34 @@ class StopAtStepHook(_STOCK["StopAtStepHook"]):
         self.last_step = last_step
 
 
+def replica_device_setter(ps_tasks=0, ps_device="/job:ps", worker_device="/job:worker",
+                          merge_devices=True, cluster=None, ps_ops=None, ps_strategy=None):
+    """`tf.compat.v1.train.replica_device_setter` (same arguments) with the variables
+    balanced by bytes over several ps tasks and pinned to the ps's CPU.
+
+    With more than one ps task (`cluster`'s ps job, else `ps_tasks`) and no `ps_strategy`,
+    each variable op goes to the ps task holding the fewest bytes so far, its bytes its
+    shape times its dtype's size (`runtime.placement.ByteBalancedStrategy`: the greedy
+    byte-size balancing of TensorFlow 1.x's `tf.contrib.training.GreedyLoadBalancingStrategy`
+    with `byte_size_load_fn`, gone from TensorFlow 2); a variable whose shape is not known
+    when it is made counts 0 bytes. Stock: round-robin by creation order, which puts a
+    large layer and a small one on the same ps as readily as on two. Every worker builds
+    the same graph in the same order, so each places every variable alike. `ps_device` left
+    at "/job:ps" is "/job:ps/device:CPU:0": the variables stay in a ps's host memory even on
+    a ps host with a GPU (stock: TensorFlow's placer would put them on its GPU). Returns the
+    device function, as the stock one; None when there is no ps task."""
+    spec = v1.train.ClusterSpec(cluster) if cluster is not None else None
+    num_ps = (len(spec.as_dict().get(PS, [])) if spec is not None and PS in spec.jobs
+              else ps_tasks)
+    if ps_strategy is None and num_ps > 1:
+        ps_strategy = placement.ByteBalancedStrategy({}, num_ps)
+    if ps_device == "/job:ps":
+        ps_device = placement.PS_CPU
+    return _stock_replica_device_setter(
+        ps_tasks=ps_tasks, ps_device=ps_device, worker_device=worker_device,
+        merge_devices=merge_devices, cluster=cluster, ps_ops=ps_ops, ps_strategy=ps_strategy)
+
+
 USE_DEFAULT = object()  # an argument not given (as tf.compat.v1.train's own USE_DEFAULT)
 
 
@@ -296,12 +372,13 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
     Same arguments and defaults as TensorFlow 2.21's: a checkpoint every 600 s unless
     `save_checkpoint_steps` or `save_checkpoint_secs` is given, summaries every 100 steps,
     `config` None meaning the server's. `stop_grace_period_secs` left at its stock 120 s is
-    2 s (the helper threads of lowlevel's hooks end at the last step).
+    2 s (the helper threads of lowlevel's hooks end at the last step). The task logs its
+    progress every `PROGRESS_EVERY_SECS` and writes its events to
+    `<checkpoint_dir>/events/<task>.jsonl`, as the trainer does in its output dir.
 
     Returns:
       A `tf.compat.v1.train.MonitoredSession`; on a cluster, wrapped so that its `run` has
-      the deadline and the outage clock (`_WatchedSession`; every other attribute is the
-      session's).
+      the deadline and the outage clock (`_WatchedSession`: otherwise the session).
 
     Raises (from the session's creation; the wrapped `run` raises the first):
       errors.NetworkFault: the peers did not answer for `FAULT_TIMEOUT_SECS`.
@@ -322,24 +399,32 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
             log_step_count_steps=log_step_count_steps, max_wait_secs=max_wait_secs,
             summary_dir=summary_dir, save_graph_def=save_graph_def, **given)
     cluster, task, server_config = found
+    if checkpoint_dir and not events.is_open():  # <checkpoint_dir>/events/<task>.jsonl
+        events.open_log(checkpoint_dir, task.name)
     scaffold = scaffold or v1.train.Scaffold()
     chief_hooks = (list(chief_only_hooks or []) +
                    _chief_hooks(scaffold, checkpoint_dir, summary_dir or checkpoint_dir,
                                 log_step_count_steps, save_graph_def, **given)
                    if is_chief else [])
-    steps, sync = _counted(cluster, chief_hooks + list(hooks or []))
-    ordered = _protocol_hooks(cluster, task, steps)
+    steps, sync, last_step = _counted(cluster, chief_hooks + list(hooks or []))
+    steps.append(progress.GlobalStepProgressHook(task.name, last_step, PROGRESS_EVERY_SECS))
     outage = faults.Outage(task.name, faults.peers_of(cluster, task, sync=sync),
-                           FAULT_TIMEOUT_SECS)
+                           limit("fault_timeout_secs"))
     creator = _session_creator(cluster, task, is_chief, scaffold, master,
                                _with_deadline(config or server_config), checkpoint_dir,
                                max_wait_secs, outage)
     grace = (STOP_GRACE_SECS if stop_grace_period_secs == _STOCK_STOP_GRACE_SECS
              else stop_grace_period_secs)
-    session = v1.train.MonitoredSession(creator, ordered, stop_grace_period_secs=grace)
+    return _watched(v1.train.MonitoredSession(
+        creator, _protocol_hooks(cluster, task, steps), stop_grace_period_secs=grace), outage)
+
+
+def _watched(session, outage: faults.Outage) -> "_WatchedSession":
+    """`session` with the deadline and `outage`'s clock on its runs, its watchdog started."""
     outage.watchdog()
     return _WatchedSession(session, faults.FaultWatch(
-        task.name, outage.peers, STEP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS, outage=outage))
+        outage.task_name, outage.peers, limit("step_timeout_secs"),
+        limit("fault_timeout_secs"), outage=outage))
 
 
 def _claim(master: str) -> Optional[tuple]:
@@ -353,11 +438,12 @@ def _claim(master: str) -> Optional[tuple]:
     return found
 
 
-def _counted(cluster: Cluster, hooks: list) -> tuple[list, bool]:
+def _counted(cluster: Cluster, hooks: list) -> tuple[list, bool, Optional[int]]:
     """Closes the limit of the default graph's counted steps at the last step of the
     `StopAtStepHook`s among `hooks` (the smallest; else `LOWLEVEL_LAST_STEP`'s), and puts
     the runtime's sync hook, which stops at it, in place of each `SyncReplicasOptimizer`
-    hook (`modes.script_steps`). Returns (the hooks, whether the script trains in sync).
+    hook (`modes.script_steps`). Returns (the hooks, whether the script trains in sync,
+    the last step or None).
     With no last step (no `StopAtStepHook`, or one given `num_steps`, and no
     `LOWLEVEL_LAST_STEP`) the steps and hooks stay as they are."""
     last = [h.last_step for h in hooks if getattr(h, "last_step", None) is not None
@@ -370,10 +456,10 @@ def _counted(cluster: Cluster, hooks: list) -> tuple[list, bool]:
                          "%s: the script's steps are not counted to a last step (an async "
                          "run may end up to (workers - 1) steps past its own)",
                          script_steps.LAST_STEP_ENV)
-        return hooks, sync
+        return list(hooks), sync, None
     script_steps.close_limit(v1.get_default_graph(), last_step)
     return [_sync_hook(cluster, h, last_step) if isinstance(h, script_steps.DeferredSyncHook)
-            else h for h in hooks], sync
+            else h for h in hooks], sync, last_step
 
 
 def _sync_hook(cluster: Cluster, deferred, last_step: int):
@@ -385,7 +471,8 @@ def _sync_hook(cluster: Cluster, deferred, last_step: int):
         raise UsageError("SyncReplicasOptimizer.make_session_run_hook before its "
                          "apply_gradients/minimize with a global_step")
     return runtime_hooks.SyncReplicasHook(
-        deferred.optimizer, deferred.is_chief, global_step, last_step, SYNC_TIMEOUT_SECS,
+        deferred.optimizer, deferred.is_chief, global_step, last_step,
+        limit("sync_timeout_secs"),
         lambda: probes.silent_sync_peers(cluster), num_tokens=deferred.num_tokens)
 
 
@@ -401,7 +488,7 @@ def _protocol_hooks(cluster: Cluster, task: Task, hooks: list) -> list:
     preempted = stop.requested if stop is not None else threading.Event()
     training = [_SessionReadyHook(task, stop), _StopWhenPreempted(preempted)] + hooks
     return shutdown.end_of_training_hooks(task, cluster, channel, training,
-                                          timeout_secs=SHUTDOWN_TIMEOUT_SECS,
+                                          timeout_secs=limit("shutdown_timeout_secs"),
                                           preempted=preempted)
 
 
@@ -410,7 +497,7 @@ def _with_deadline(config):
     session's set-up) get `STEP_TIMEOUT_SECS`."""
     config = type(config).FromString(config.SerializeToString()) if config is not None \
         else v1.ConfigProto()
-    config.operation_timeout_in_ms = int(STEP_TIMEOUT_SECS * 1000)
+    config.operation_timeout_in_ms = int(limit("step_timeout_secs") * 1000)
     return config
 
 
@@ -518,12 +605,13 @@ def _session_creator(cluster: Cluster, task: Task, is_chief: bool, scaffold, mas
     """The chief's or a worker's creator (`runtime.sessions`); each session first waits for
     every ps to answer: the first at most `STARTUP_TIMEOUT_SECS`, one that replaces a lost
     session on the task's outage clock (`runtime.training.ClusterWaits`)."""
-    waits = ClusterWaits(cluster, task, outage, STARTUP_TIMEOUT_SECS, FAULT_TIMEOUT_SECS)
+    waits = ClusterWaits(cluster, task, outage, limit("startup_timeout_secs"),
+                         limit("fault_timeout_secs"))
     if is_chief:
         creator = sessions.ChiefSessionCreator(scaffold, master, config, checkpoint_dir,
                                                waits.wait_for_cluster, waits.cluster_alive,
                                                guard=waits.guard)
-        creator.retry_secs = FAULT_TIMEOUT_SECS
+        creator.retry_secs = limit("fault_timeout_secs")
         return creator
     return sessions.WorkerSessionCreator(scaffold, master, config, max_wait_secs,
                                          waits.wait_for_cluster, waits.cluster_alive,
@@ -542,13 +630,14 @@ def end_of_script() -> None:
                  if target not in _protocol_in_hooks and found[1].job_name != PS]
         _protocol_in_hooks.update(target for target, _ in ended)
     for target, (cluster, task, config) in ended:
-        shutdown.end_outside_a_session(target, task, cluster, config, SHUTDOWN_TIMEOUT_SECS)
+        shutdown.end_outside_a_session(target, task, cluster, config,
+                                       limit("shutdown_timeout_secs"))
 
 
 def install() -> None:
-    """Puts `Server`, `MonitoredTrainingSession` and `StopAtStepHook` into
-    `tf.compat.v1.train` (and `tf.train` where it is that module), for scripts that call
-    them by TensorFlow's names."""
+    """Puts `Server`, `MonitoredTrainingSession`, `StopAtStepHook` and
+    `replica_device_setter` into `tf.compat.v1.train` (and `tf.train` where it is that
+    module), for scripts that call them by TensorFlow's names."""
     for name in _STOCK:
         setattr(_stock, name, globals()[name])
 

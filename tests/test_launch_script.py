@@ -307,6 +307,35 @@ def test_a_scripts_tfjob_validates_and_runs_python_m_lowlevel_with_tf_config(ver
     assert configs[("worker", 1)]["task"] == {"type": "worker", "index": 1}
 
 
+def test_a_scripts_tfjob_with_the_guides_flags_has_the_runner_read_them_from_tf_config():
+    """--format=tfjob --script_cluster=flags: one pod template per replica type, so the
+    container runs `python -m lowlevel --cluster_flags_from_tf_config SCRIPT ARGS`, and
+    the runner gives each pod's script the four flags of the task the operator's TF_CONFIG
+    names; a TF_CONFIG with a chief, or none, is refused."""
+    from lowlevel.__main__ import with_cluster_flags
+    from lowlevel.errors import UsageError
+    tfjob, _ = _documents("tfjob", "--script_cluster=flags")
+    validate_tfjob(tfjob, KUBERNETES_VERSIONS[-1])
+    for replica in tfjob["spec"]["tfReplicaSpecs"].values():
+        container = replica["template"]["spec"]["containers"][0]
+        assert container["command"] == ["python", "-m", "lowlevel",
+                                        "--cluster_flags_from_tf_config"], container["command"]
+    configs = k8s.tfjob_tf_configs(tfjob)
+    assert set(configs) == {("worker", 0), ("worker", 1), ("ps", 0), ("ps", 1)}
+    for (job, index), config in configs.items():
+        replica = tfjob["spec"]["tfReplicaSpecs"][{"worker": "Worker", "ps": "PS"}[job]]
+        container = replica["template"]["spec"]["containers"][0]
+        argv = with_cluster_flags(container["command"][3:] + container["args"], json.dumps(config))
+        assert argv == container["args"] + k8s.guide_flags(config["cluster"], job, index)
+    with pytest.raises(UsageError, match="no TF_CONFIG in the environment"):
+        with_cluster_flags(["--cluster_flags_from_tf_config", "s.py"], None)
+    chief = {"cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w:1"]},
+             "task": {"type": "worker", "index": 0}}
+    with pytest.raises(UsageError, match="ps and worker tasks only.*jobs \\['chief', 'ps', "):
+        with_cluster_flags(["--cluster_flags_from_tf_config", "s.py"], json.dumps(chief))
+    assert with_cluster_flags(["s.py", "--x=1"], json.dumps(chief)) == ["s.py", "--x=1"]
+
+
 @pytest.mark.parametrize("cluster_as", ["flags", "tf_config"])
 def test_a_scripts_plain_jobs_validate_with_the_guides_flags_or_tf_config(cluster_as):
     docs = _documents("k8s", f"--script_cluster={cluster_as}")
@@ -347,7 +376,8 @@ def test_checkov_fails_no_check_of_a_scripts_manifests(tmp_path):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--format=tfjob", "--script_cluster=flags"], "a TFJob's replicas share one pod template"),
+    (["--format=tfjob", "--script_cluster=flags", "--evaluator"],
+     "the guide's flags name ps and worker tasks only"),
     (["--format=k8s", "--chief_job"], "the guide's flags name ps and worker tasks only"),
     (["--format=k8s", "--max_restarts=3"], "--max_restarts is the trainer's"),
     (["--format=k8s", "--metrics_port=9000"], "--metrics_port is the trainer's"),

@@ -38,6 +38,27 @@ def test_a_minimize_with_a_global_step_stops_at_the_closed_limit(resource):
             assert sess.run(w) == pytest.approx(0.5 ** 3)
 
 
+class _FetchesTheStep(v1.train.SessionRunHook):
+    """Asks for the global step on every run, as `StepCounterHook` does: the session's run
+    is then a dict keyed by "caller" and the hooks."""
+
+    def before_run(self, run_context):
+        return v1.train.SessionRunArgs(v1.train.get_global_step())
+
+
+def test_past_the_limit_a_monitored_sessions_run_with_hook_fetches_returns_them():
+    with tf.Graph().as_default() as graph:
+        global_step = v1.train.get_or_create_global_step()
+        w = v1.Variable(1.0)
+        train_op = v1.train.GradientDescentOptimizer(0.5).minimize(tf.square(w),
+                                                                   global_step=global_step)
+        script_steps.close_limit(graph, 2)
+        Pair = __import__("collections").namedtuple("Pair", "step value")
+        with v1.train.MonitoredSession(hooks=[_FetchesTheStep()]) as sess:
+            seen = [sess.run(Pair(train_op, global_step)) for _ in range(4)]
+        assert seen[-1] == Pair(None, 2) and isinstance(seen[-1], Pair), seen
+
+
 def test_the_limit_stays_open_until_closed_and_other_applies_are_stock():
     with tf.Graph().as_default() as graph:
         global_step = v1.Variable(0, name="global_step", trainable=False)  # int32, TF1 style
@@ -99,3 +120,47 @@ def test_no_gradient_at_all_is_refused_as_stock_minimize_refuses_it():
         with pytest.raises(ValueError, match="No gradients provided"):
             v1.train.GradientDescentOptimizer(0.1).apply_gradients(
                 [(None, w)], global_step=global_step)
+
+
+def test_a_scripts_limit_comes_from_the_environment_or_is_the_trainers_default(monkeypatch):
+    from lowlevel import train
+    from lowlevel.errors import UsageError
+    monkeypatch.delenv("LOWLEVEL_STEP_TIMEOUT_SECS", raising=False)
+    assert train.limit("step_timeout_secs") == 60.0 == train.STEP_TIMEOUT_SECS
+    assert train.limit("fault_timeout_secs") == 90.0
+    monkeypatch.setenv("LOWLEVEL_STEP_TIMEOUT_SECS", " 2.5 ")
+    assert train.limit("step_timeout_secs") == 2.5
+    train.check_limits()
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("LOWLEVEL_STEP_TIMEOUT_SECS", bad)
+        with pytest.raises(UsageError, match=r"LOWLEVEL_STEP_TIMEOUT_SECS=.*: expected a "
+                           r"positive number of seconds \(the trainer's --step_timeout_secs; "
+                           r"default 60\)"):
+            train.check_limits()
+
+
+def _placed(setter_fn, cluster):
+    """{variable name: its device} of an MLP's variables built under `setter_fn(cluster)`."""
+    with tf.Graph().as_default():
+        with tf.compat.v1.device(setter_fn(cluster=cluster)):
+            for name, shape in (("w1", [784, 512]), ("b1", [512]), ("w2", [512, 10]),
+                                ("b2", [10]), ("global_step", [])):
+                tf.compat.v1.get_variable(name, shape, dtype=tf.int64 if not shape
+                                          else tf.float32)
+            return {v.op.name: v.device for v in tf.compat.v1.global_variables()}
+
+
+def test_replica_device_setter_balances_bytes_over_the_ps_and_pins_their_cpu():
+    """Two ps: each variable to the ps with the fewest bytes so far (w1, 1.6 MB, alone on
+    ps0; the rest on ps1), where stock round-robin puts w1 and w2 together on ps0; one ps:
+    the stock placement, on its CPU."""
+    from lowlevel import train
+    two = {"ps": ["a:1", "b:1"], "worker": ["c:1"]}
+    ours, stock = _placed(train.replica_device_setter, two), \
+        _placed(tf.compat.v1.train.replica_device_setter, two)
+    assert ours == {"w1": "/job:ps/task:0/device:CPU:0", "b1": "/job:ps/task:1/device:CPU:0",
+                    "w2": "/job:ps/task:1/device:CPU:0", "b2": "/job:ps/task:1/device:CPU:0",
+                    "global_step": "/job:ps/task:1/device:CPU:0"}, ours
+    assert stock["w1"] == stock["w2"] == "/job:ps/task:0", stock  # round-robin
+    one = _placed(train.replica_device_setter, {"ps": ["a:1"], "worker": ["c:1"]})
+    assert set(one.values()) == {"/job:ps/task:0/device:CPU:0"}, one

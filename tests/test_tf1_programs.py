@@ -6,6 +6,7 @@ a ps that never exits and a non-chief that sleeps 30 s between looks for the chi
 """
 
 import datetime
+import json
 import os
 import re
 import signal
@@ -25,16 +26,25 @@ LAST_STEP = 600
 
 
 def _start(tmp_path, ports, command, last_step=LAST_STEP, extra=(), step_flag="last_step",
-           env=None):
+           env=None, from_tf_config=False):
     """Starts ps0, worker1 and, once worker1 waits for the chief's model, worker0 (the chief)
     of `command`; returns {name: process}. (Started together, the chief may have the model
-    ready before the non-chief first looks, and stock TensorFlow's 30 s wait never shows.)"""
+    ready before the non-chief first looks, and stock TensorFlow's 30 s wait never shows.)
+    `from_tf_config`: each task gets its cluster as TF_CONFIG, which the runner turns into
+    the guide's flags (`python -m lowlevel --cluster_flags_from_tf_config`, as in a TFJob's
+    pods); else the flags themselves."""
     ps, w0, w1 = (f"127.0.0.1:{p}" for p in ports(3))
-    common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}", f"--{step_flag}={last_step}",
-              f"--checkpoint_dir={tmp_path / 'ckpt'}", *extra]
+    common = [f"--{step_flag}={last_step}", f"--checkpoint_dir={tmp_path / 'ckpt'}", *extra]
 
     def start(job, index):
-        return clusters.start([*command, *common, f"--job_name={job}", f"--task_index={index}"],
+        if from_tf_config:
+            tf_config = {"cluster": {"ps": [ps], "worker": [w0, w1]},
+                         "task": {"type": job, "index": index}}
+            return clusters.start([*command[:-1], "--cluster_flags_from_tf_config",
+                                   command[-1], *common], tmp_path / f"{job}{index}.log",
+                                  env={**(env or {}), "TF_CONFIG": json.dumps(tf_config)})
+        return clusters.start([*command, *common, f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}",
+                               f"--job_name={job}", f"--task_index={index}"],
                               tmp_path / f"{job}{index}.log", env=env)
     procs = {"ps0": start("ps", 0), "worker1": start("worker", 1)}
     deadline = time.monotonic() + 60
@@ -71,15 +81,21 @@ def _assert_ran_to_the_end(tmp_path, procs):
     path, step = checkpoints.newest_readable(str(tmp_path / "ckpt"))
     assert step == LAST_STEP, path
     assert done["ps0"][1] - done["worker0"][1] < 10, done  # the ps ended with the chief
+    for name in ("worker0", "worker1"):  # progress lines and events, as the trainer's
+        assert re.search(rf"{name}: step \d+/{LAST_STEP}", (tmp_path / f"{name}.log").read_text())
+        kinds = {r["event"] for r in clusters.task_events(tmp_path / "ckpt", name)}
+        assert {"session_ready", "progress"} <= kinds, kinds
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_the_guides_skeleton_under_the_runner_ends_every_task_with_0(tmp_path, ports, mode):
     """Async and with `SyncReplicasOptimizer` (stock sync: the chief's queue runner blocks
-    in the ps's accumulators after the last step until its session is closed)."""
+    in the ps's accumulators after the last step until its session is closed). The sync
+    run's tasks get their cluster as a TFJob's pods do: TF_CONFIG, which the runner gives
+    the script as the guide's flags (`--cluster_flags_from_tf_config`)."""
     procs = _start(tmp_path, ports, [sys.executable, "-m", "lowlevel", SKELETON],
-                   extra=[f"--sync_replicas={mode == 'sync'}"])
+                   extra=[f"--sync_replicas={mode == 'sync'}"], from_tf_config=mode == "sync")
     _assert_ran_to_the_end(tmp_path, procs)
 
 
@@ -101,7 +117,15 @@ def test_the_runner_passes_on_a_scripts_failure_and_refuses_a_missing_script(tmp
                            timeout=60)
     assert missing.returncode == 2 and "no such script" in missing.stderr, missing.stderr
     usage = clusters.run([sys.executable, "-m", "lowlevel", "--help"], timeout=60)
-    assert usage.returncode == 0 and "usage: python -m lowlevel SCRIPT.py" in usage.stdout
+    assert usage.returncode == 0 and "usage: python -m lowlevel [--cluster_flags_from_tf_config] "\
+        "SCRIPT.py" in usage.stdout and "--cluster_flags_from_tf_config  give" in usage.stdout
+    bad = clusters.run([sys.executable, "-m", "lowlevel", str(failing)], timeout=60,
+                       env={"LOWLEVEL_FAULT_TIMEOUT_SECS": "soon"})
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "lowlevel: LOWLEVEL_FAULT_TIMEOUT_SECS='soon': expected a positive number of seconds "
+        "(the trainer's --fault_timeout_secs; default 90)")
+    assert "the model is wrong" not in bad.stderr  # refused before the script ran
 
 
 @pytest.mark.timeout(240)
@@ -176,6 +200,36 @@ def test_a_frozen_ps_ends_the_scripts_workers_with_200_naming_it_at_the_default_
         assert "not answering: ps0 at 127.0.0.1:" in lines[-1], lines[-1]
         assert "did not complete within 60 s" in log.read_text(), clusters.tail(log)
     assert time.monotonic() - struck >= 90  # not before the limit
+
+
+@pytest.mark.timeout(240)
+def test_limits_from_the_environment_end_a_supervisor_loop_on_a_frozen_ps_sooner(
+        tmp_path, ports):
+    """The Supervisor script (its own loop) with `LOWLEVEL_STEP_TIMEOUT_SECS=2` and
+    `LOWLEVEL_FAULT_TIMEOUT_SECS=8` (a script has no flags for them): ps0 frozen, each
+    worker's runs pass their 2 s deadline, and 8 s into the outage it exits 200 naming
+    ps0, the limit in its last line."""
+    command = [sys.executable, "-m", "lowlevel", os.path.join(SCRIPTS, "supervisor_trainer.py")]
+    procs = _start(tmp_path, ports, command, last_step=10_000_000, step_flag="train_steps",
+                   env={"LOWLEVEL_STEP_TIMEOUT_SECS": "2", "LOWLEVEL_FAULT_TIMEOUT_SECS": "8"})
+    for worker in ("worker0", "worker1"):
+        _wait_for_line(tmp_path / f"{worker}.log", "session ready")
+    time.sleep(2)  # training
+    os.kill(procs["ps0"].pid, signal.SIGSTOP)
+    struck = time.monotonic()
+    try:
+        done = clusters.wait_all({n: p for n, p in procs.items() if n != "ps0"}, 60)
+    finally:
+        os.kill(procs["ps0"].pid, signal.SIGCONT)
+        procs["ps0"].kill()
+    took = time.monotonic() - struck
+    for name, (code, _) in done.items():
+        log = tmp_path / f"{name}.log"
+        assert code == 200, (name, code, clusters.tail(log))
+        lines = [line for line in log.read_text().splitlines() if line.strip()]
+        assert "(--fault_timeout_secs=8); not answering: ps0 at 127.0.0.1:" in lines[-1], \
+            lines[-1]
+    assert 8 <= took < 40, took  # not before the limit; long before the default 90 s
 
 
 @pytest.mark.timeout(240)

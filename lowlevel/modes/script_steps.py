@@ -178,8 +178,21 @@ def _without_steps(graph, fetches, error):
             return fetch
         found.append(fetch)
         return stand_in
-    swapped = tf.nest.map_structure(swap, fetches)
+    swapped = _map_fetches(swap, fetches)
     return swapped if found else None
+
+
+def _map_fetches(fn, fetches):
+    """`fetches` (a fetch, or lists, tuples, namedtuples and dicts of them, as
+    `Session.run` takes) with `fn` applied to each fetch. Not `tf.nest`: it sorts a dict's
+    keys, and `MonitoredSession` keys its run's dict by its hooks and "caller"."""
+    if isinstance(fetches, dict):
+        return {key: _map_fetches(fn, value) for key, value in fetches.items()}
+    if isinstance(fetches, tuple) and hasattr(fetches, "_fields"):
+        return type(fetches)(*(_map_fetches(fn, value) for value in fetches))
+    if isinstance(fetches, (list, tuple)):
+        return type(fetches)(_map_fetches(fn, value) for value in fetches)
+    return fn(fetches)
 
 
 def close_limit(graph, last_step: int) -> int:

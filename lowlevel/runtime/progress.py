@@ -162,3 +162,47 @@ class ProgressHook(v1.train.SessionRunHook):
             "first_step_unix": self.first_step_unix,
             "last_step_unix": self.last_step_unix,
         }
+
+
+class GlobalStepProgressHook(v1.train.SessionRunHook):
+    """Progress of a loop the runtime does not run (a TF1 script's own, under
+    `lowlevel.train.MonitoredTrainingSession`): every `every_secs` seconds, with the run
+    under way (and at the first run), fetches the global step and logs `worker1: step
+    1200/3000 | 95.1 steps/s` (the global step before the run; steps/s of all workers
+    since the previous line, none on the first; `/3000` only when the last step is known),
+    and emits the same as a `progress` event (`lowlevel.events`). The loss is the
+    script's own business: it is not known here.
+
+    Args:
+      task_name: "worker1", for the lines.
+      last_step: the run's last global step, or None.
+      every_secs: seconds between lines.
+    """
+
+    def __init__(self, task_name: str, last_step: Optional[int], every_secs: float):
+        self._task_name, self._last_step, self._every_secs = task_name, last_step, every_secs
+        self._global_step = None
+        self._seen: Optional[tuple[int, float]] = None  # (global step, monotonic seconds)
+
+    def begin(self):
+        self._global_step = v1.train.get_global_step()
+
+    def before_run(self, run_context):
+        if self._global_step is None or (
+                self._seen is not None and time.monotonic() - self._seen[1] < self._every_secs):
+            return None
+        return v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results is None:
+            return
+        step, now = int(run_values.results), time.monotonic()
+        of = f"/{self._last_step}" if self._last_step is not None else ""
+        steps_per_sec = None
+        if self._seen is not None and now > self._seen[1]:
+            steps_per_sec = (step - self._seen[0]) / (now - self._seen[1])
+        rate = "" if steps_per_sec is None else f" | {steps_per_sec:.1f} steps/s"
+        logging.info("%s: step %d%s%s", self._task_name, step, of, rate)
+        events.emit("progress", step, train_steps=self._last_step,
+                    steps_per_sec=None if steps_per_sec is None else round(steps_per_sec, 2))
+        self._seen = (step, now)
