@@ -66,8 +66,8 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   each to the ps holding the fewest bytes so far; stock: round-robin), on the ps's CPU.
 
 Not taken over yet (stock behaviour): a last step
-given only as `StopAtStepHook(num_steps=...)` (the steps run uncounted); a sync loop of the
-script's own (its chief's queue runner is the stock one); runs of the script's own sessions
+given only as `StopAtStepHook(num_steps=...)` (the steps run uncounted); runs of the
+script's own sessions
 in threads other than the main one (a `Supervisor`'s services: the watchdog still ends a
 task whose main thread is held).
 """

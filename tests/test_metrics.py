@@ -6,6 +6,7 @@ scraped with prometheus_client's own parser: the chief's step counter ends at th
 step, and the bytes each worker moves to and from the ps match the benchmark's counters
 (`benchmarks._measure.Watcher`, the kernel's counters read with `ss`) within 10 %."""
 
+import http.client
 import json
 import re
 import socket
@@ -245,7 +246,7 @@ def _scraper(task: str, port: int, stop: threading.Event, out: list):
             t0 = time.time()
             status, text = scrape(port, timeout=2)
             t1 = time.time()
-        except OSError:
+        except (OSError, http.client.HTTPException):  # an exiting task: cut off mid-answer
             stop.wait(0.05)
             continue
         if status == 200:

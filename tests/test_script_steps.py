@@ -113,6 +113,37 @@ def test_a_sync_optimizers_inner_apply_is_left_alone_and_its_hook_is_deferred():
         opt.ready_for_local_init_op.mark_used()  # (no session here: TF would warn at exit)
 
 
+def test_a_sync_chiefs_own_queue_runner_stops_at_the_environments_last_step(monkeypatch):
+    """`LOWLEVEL_LAST_STEP=3`: the chief's queue runner (a Supervisor script starts it
+    itself) applies up to global step 3, leaves one more token per worker for each one's
+    last run, and its thread ends; a loop `until step >= 3` ends at exactly 3."""
+    monkeypatch.setenv(script_steps.LAST_STEP_ENV, "3")
+    with tf.Graph().as_default():
+        global_step = v1.train.get_or_create_global_step()
+        w = v1.Variable(1.0)
+        opt = v1.train.SyncReplicasOptimizer(v1.train.GradientDescentOptimizer(0.5),
+                                             replicas_to_aggregate=1, total_num_replicas=1)
+        train_op = opt.minimize(tf.square(w), global_step=global_step)
+        runner = opt.get_chief_queue_runner()
+        assert isinstance(runner, script_steps.CountedChiefQueueRunner)
+        init_tokens = opt.get_init_tokens_op()
+        with v1.Session() as sess:
+            sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+            sess.run(opt.chief_init_op)
+            sess.run(init_tokens)
+            coord = v1.train.Coordinator()
+            threads = runner.create_threads(sess, coord=coord, daemon=True, start=True)
+            step = 0
+            while step < 3:
+                _, step = sess.run([train_op, global_step])
+            loop = threads[0]  # (the other waits for the coordinator to close the queue)
+            loop.join(10)
+            assert not loop.is_alive()  # the runner's loop ended by itself
+            assert sess.run(global_step) == 3
+            coord.request_stop()
+            coord.join(threads, stop_grace_period_secs=5)
+
+
 def test_no_gradient_at_all_is_refused_as_stock_minimize_refuses_it():
     with tf.Graph().as_default():
         global_step = v1.train.get_or_create_global_step()

@@ -238,14 +238,16 @@ def test_a_supervisor_scripts_own_loop_ends_with_every_task_exiting_0(tmp_path, 
     """A script in mnist_replica.py's shape (`tf.train.Supervisor`, its own loop until the
     global step it reads reaches `--train_steps`, no hooks) under the runner: after the
     loop, the non-chief reports its end and the chief tells the ps to exit
-    (`lowlevel.train.end_of_script`). Stock: the ps never exits. Async, the runner is told
-    the last step (`LOWLEVEL_LAST_STEP`, the script's loop has no hook to say it): each
-    worker's last run sees exactly 300. Sync (the script's own stock queue runner): each
-    worker stops once it reads 300, up to one step per worker past it."""
+    (`lowlevel.train.end_of_script`). Stock: the ps never exits. The runner is told the
+    last step (`LOWLEVEL_LAST_STEP`: the script's loop has no hook to say it): async, each
+    worker's last run sees exactly 300; sync, the chief's own queue runner (the script
+    starts it) stops at 300 and leaves each worker a token for its last run
+    (`script_steps.CountedChiefQueueRunner`): each worker sees exactly 300 (stock: up to
+    one step per worker past it)."""
     command = [sys.executable, "-m", "lowlevel", os.path.join(SCRIPTS, "supervisor_trainer.py")]
     procs = _start(tmp_path, ports, command, last_step=300, step_flag="train_steps",
                    extra=["--sync_replicas"] if mode == "sync" else [],
-                   env={"LOWLEVEL_LAST_STEP": "300"} if mode == "async" else None)
+                   env={"LOWLEVEL_LAST_STEP": "300"})
     done = clusters.wait_all(procs, 180)
     assert {n: c for n, (c, _) in done.items()} == {n: 0 for n in procs}, \
         {n: clusters.tail(tmp_path / f"{n}.log") for n, (c, _) in done.items() if c != 0}
@@ -255,6 +257,5 @@ def test_a_supervisor_scripts_own_loop_ends_with_every_task_exiting_0(tmp_path, 
         log = tmp_path / f"{name}.log"
         ended = re.search(r"training ended at global step (\d+)", log.read_text())
         assert ended, clusters.tail(log)
-        assert int(ended.group(1)) == 300 if mode == "async" else \
-            300 <= int(ended.group(1)) <= 302, clusters.tail(log)
+        assert int(ended.group(1)) == 300, clusters.tail(log)
     assert done["ps0"][1] - done["worker0"][1] < 10, done  # the ps ended with the chief

@@ -28,7 +28,9 @@ A `SyncReplicasOptimizer`'s own apply is left alone: it pushes gradients, and th
 optimizer's apply it builds (run by the chief's sync op) keeps its global step. Its
 `make_session_run_hook` returns a `DeferredSyncHook`, which behaves as the stock hook
 unless the session that gets it replaces it (`lowlevel.train` does, with the runtime's
-hook, whose chief loop stops at the last step: tensorflow/tensorflow#7970).
+hook, whose chief loop stops at the last step: tensorflow/tensorflow#7970). A loop of the
+script's own starts the chief's queue runner itself: with `LOWLEVEL_LAST_STEP`, its
+`get_chief_queue_runner` returns a `CountedChiefQueueRunner`, which stops there too.
 """
 
 from __future__ import annotations
@@ -68,10 +70,11 @@ def install() -> None:
         if _originals:
             return
         for cls, name in ((base, "apply_gradients"), (sync, "apply_gradients"),
-                          (sync, "make_session_run_hook"), (v1.Session, "run")):
+                          (sync, "make_session_run_hook"), (sync, "get_chief_queue_runner"),
+                          (v1.Session, "run")):
             _originals[cls, name] = getattr(cls, name)
     own_apply, own_sync_apply = base.apply_gradients, sync.apply_gradients
-    own_hook = sync.make_session_run_hook
+    own_hook, own_runner = sync.make_session_run_hook, sync.get_chief_queue_runner
     v1.Session.run = _run_past_the_end(v1.Session.run)
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
@@ -85,8 +88,12 @@ def install() -> None:
     def make_session_run_hook(self, is_chief, num_tokens=-1):
         return DeferredSyncHook(self, is_chief, num_tokens, own_hook(self, is_chief, num_tokens))
 
+    def get_chief_queue_runner(self):
+        return counted_chief_queue_runner(self, own_runner(self))
+
     base.apply_gradients, sync.apply_gradients = apply_gradients, sync_apply_gradients
     sync.make_session_run_hook = make_session_run_hook
+    sync.get_chief_queue_runner = get_chief_queue_runner
 
 
 def uninstall() -> None:
@@ -193,6 +200,64 @@ def _map_fetches(fn, fetches):
     if isinstance(fetches, (list, tuple)):
         return type(fetches)(_map_fetches(fn, value) for value in fetches)
     return fn(fetches)
+
+
+def counted_chief_queue_runner(optimizer, stock):
+    """The chief's queue runner of a `SyncReplicasOptimizer` (`stock`, its own) for a loop
+    of the script's own: with `LOWLEVEL_LAST_STEP=N`, a `CountedChiefQueueRunner` that
+    stops at global step N; else, or once the graph is finalised (no op can be added),
+    `stock`."""
+    last_step = env_last_step()
+    global_step = _sync_global_steps.get(optimizer)
+    if last_step is None or global_step is None or v1.get_default_graph().finalized:
+        return stock
+    workers = max(getattr(optimizer, "_total_num_replicas", 0) or 0,
+                  getattr(optimizer, "_replicas_to_aggregate", 0) or 0)
+    return CountedChiefQueueRunner(stock, global_step, last_step,
+                                   optimizer.get_init_tokens_op(num_tokens=workers))
+
+
+class CountedChiefQueueRunner(v1.train.QueueRunner):
+    """A sync chief's queue runner that stops at the last step.
+
+    The stock one runs the sync op (wait for the gradients, apply them, add 1 to global
+    step, one token per worker) forever: a script's own loop `until step >= N` then ends
+    up to one step per worker past N, since a worker whose run read the step just before
+    the update to N runs once more and the chief applies it. This one runs the sync op
+    until global step is `last_step`, then puts one more token per worker in the queue
+    (`extra_tokens`: `get_init_tokens_op(workers)`), so that each worker's one extra run
+    (its gradient is left in the accumulators, not applied) gets its token, reads N and
+    its loop ends; then its thread ends. Same `queue`, `enqueue_ops`, close and cancel
+    ops as `stock` (`SyncReplicasHook` reads its `enqueue_ops`).
+    """
+
+    def __init__(self, stock, global_step, last_step: int, extra_tokens):
+        super().__init__(queue=stock.queue, enqueue_ops=stock.enqueue_ops,
+                         close_op=stock.close_op, cancel_op=stock.cancel_op,
+                         queue_closed_exception_types=stock.queue_closed_exception_types)
+        (sync_op,) = stock.enqueue_ops
+        with tf.control_dependencies([sync_op]):  # one round trip: sync, then read
+            self._synced = tf.identity(global_step)
+        self._global_step = tf.identity(global_step)
+        self._last_step, self._extra_tokens = last_step, extra_tokens
+
+    def _run(self, sess, enqueue_op, coord=None):
+        """The thread's loop (QueueRunner's `_run`, which `create_threads` starts)."""
+        try:
+            step = sess.run(self._global_step)
+            while step < self._last_step and not (coord is not None and coord.should_stop()):
+                step = sess.run(self._synced)
+            if step >= self._last_step:
+                sess.run(self._extra_tokens)
+        except self.queue_closed_exception_types:  # the session or the queue closed
+            pass
+        except Exception as e:  # noqa: BLE001 - as the stock runner: to the coordinator
+            if coord is None:
+                raise
+            coord.request_stop(e)
+        finally:
+            with self._lock:  # noqa: SLF001 - QueueRunner's own count of live threads
+                self._runs_per_session[sess] -= 1
 
 
 def close_limit(graph, last_step: int) -> int:
