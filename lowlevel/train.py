@@ -59,7 +59,10 @@ TensorFlow 2.21, measured: docs/tf1-programs.md):
   have the same deadline and outage clock (`_watch_own_loops`); a run that fails because
   gRPC's keepalive closed the channel to a silent peer (`UnavailableError`) is run again
   on the same session too (a plain session stays usable; it cannot be replaced, the
-  script holds it), so a frozen ps ends the task with status 200 naming it.
+  script holds it), and so is an `OutOfRangeError` in an outage (an input iterator
+  whose read a deadline cancelled reports its end: seen on a frozen ps; a script that
+  takes it for the end of its data would end early), so a frozen ps ends the task with
+  status 200 naming it.
   `end_of_script`, after the loop, ends the cluster.
 
 - `replica_device_setter`: with several ps tasks, variables balanced by bytes (greedy:
@@ -282,9 +285,16 @@ def _own_loop_watch(session) -> Optional[faults.FaultWatch]:
         if watch is None:
             cluster, task, _ = found
             peers = faults.peers_of(cluster, task, sync=script_steps.trains_in_sync())
-            watch = _own_watches[target] = faults.FaultWatch(
-                task.name, peers, limit("step_timeout_secs"), limit("fault_timeout_secs"))
-            watch.outage.watchdog()
+            watch = _own_watches[target] = _fault_watch(task.name, peers)
+    return watch
+
+
+def _fault_watch(task_name: str, peers, outage: Optional[faults.Outage] = None):
+    """A `faults.FaultWatch` at the limits (`limit`), on `outage`'s clock (default: a new
+    one), its watchdog started."""
+    watch = faults.FaultWatch(task_name, peers, limit("step_timeout_secs"),
+                              limit("fault_timeout_secs"), outage=outage)
+    watch.outage.watchdog()
     return watch
 
 
@@ -299,7 +309,8 @@ def _own_loop_run(watch: faults.FaultWatch, run, options):
     _in_watched_run.active = True
     try:
         return watch.run(lambda deadline: run(_merged_options(deadline, options)),
-                         lost=(tf.errors.UnavailableError,))
+                         lost=(tf.errors.UnavailableError,),
+                         lost_in_outage=(tf.errors.OutOfRangeError,))
     finally:
         _in_watched_run.active = False
 
@@ -421,10 +432,7 @@ def MonitoredTrainingSession(master="", is_chief=True, checkpoint_dir=None, scaf
 
 def _watched(session, outage: faults.Outage) -> "_WatchedSession":
     """`session` with the deadline and `outage`'s clock on its runs, its watchdog started."""
-    outage.watchdog()
-    return _WatchedSession(session, faults.FaultWatch(
-        outage.task_name, outage.peers, limit("step_timeout_secs"),
-        limit("fault_timeout_secs"), outage=outage))
+    return _WatchedSession(session, _fault_watch(outage.task_name, outage.peers, outage))
 
 
 def _claim(master: str) -> Optional[tuple]:

@@ -147,6 +147,30 @@ def test_a_lost_connection_is_run_again_reported_once_per_interval_until_the_lim
     assert len(lines) == 5, lines  # then 2, 12 and 22 s into the second outage
 
 
+def test_an_input_end_counts_as_lost_only_in_an_outage():
+    """`lost_in_outage`: an `OutOfRangeError` after a run the deadline cancelled (an input
+    iterator's read was cut) is run again; with no outage under way it is the input's
+    end and passes through."""
+    clock = Clock()
+    watch = faults.FaultWatch("worker0", [], 5.0, 30.0, clock)
+    calls = []
+
+    def run(options):
+        calls.append(clock.now)
+        if len(calls) == 1:
+            clock.now += 5.0
+            raise deadline()
+        if len(calls) == 2:
+            raise tf.errors.OutOfRangeError(None, None, "End of sequence")
+        return "ran"
+
+    kinds = dict(lost=(tf.errors.UnavailableError,), lost_in_outage=(tf.errors.OutOfRangeError,))
+    assert watch.run(run, **kinds) == "ran" and len(calls) == 3
+    with pytest.raises(tf.errors.OutOfRangeError):
+        watch.run(lambda options: (_ for _ in ()).throw(
+            tf.errors.OutOfRangeError(None, None, "End of sequence")), **kinds)
+
+
 def test_a_retry_deadline_is_what_is_left_of_the_outage_and_it_gives_up_at_the_limit():
     clock = Clock()
     watch = faults.FaultWatch("worker1", [], 5.0, 12.0, clock)

@@ -296,7 +296,7 @@ class FaultWatch:
         self._reported: Optional[tuple] = None  # (outage start, when) of `failed`'s last line
 
     def run(self, fn: Callable, what: str = "step", global_step: Optional[int] = None,
-            lost: tuple = ()):
+            lost: tuple = (), lost_in_outage: tuple = ()):
         """Returns `fn(options)`, run again after each deadline until it completes.
 
         During an outage a run's deadline is what is left of it, if less than
@@ -304,7 +304,10 @@ class FaultWatch:
         that fails with one of the `lost` error types (`tf.errors.UnavailableError`: gRPC's
         keepalive closed the channel to a peer that stopped answering) is reported and run
         again likewise, at most every `RETRY_PAUSE_SECS` (the session must stay usable
-        after it: a plain session does, `MonitoredSession` makes a new one instead).
+        after it: a plain session does, `MonitoredSession` makes a new one instead). The
+        `lost_in_outage` error types count as lost only while an outage is under way
+        (`tf.errors.OutOfRangeError`: an input iterator whose read the deadline cancelled
+        then reports its end; outside an outage it is the input's real end).
 
         Raises:
           NetworkFault: the outage lasted `fault_timeout_secs`.
@@ -320,7 +323,9 @@ class FaultWatch:
             except tf.errors.DeadlineExceededError as e:
                 self.timed_out(what, e, global_step)
                 continue
-            except lost as e:
+            except lost + lost_in_outage as e:
+                if not isinstance(e, lost) and self.outage.since is None:
+                    raise
                 self.failed(what, e, global_step)
                 time.sleep(max(0.0, min(started + RETRY_PAUSE_SECS - self._clock(),
                                         self.outage.remaining())))
