@@ -11,12 +11,15 @@ tests/test_estimator_*.py against tests/fixtures/estimator215/):
             ServingInputReceiver, TensorServingInputReceiver, ...),
     inputs (numpy_input_fn),
     and the session-run hooks tf.estimator re-exported from
-    tf.compat.v1.train (CheckpointSaverHook, StopAtStepHook, ...).
+    tf.compat.v1.train (CheckpointSaverHook, StopAtStepHook, ...),
+    the canned estimators and heads (`lowlevel.estimator.canned`: DNN, Linear,
+    DNNLinearCombined and Baseline classifiers and regressors; Binary-,
+    MultiClass-, MultiLabel-, Regression-, PoissonRegression- and
+    LogisticRegressionHead, and Head to subclass).
 
 Run an unmodified TF <= 2.15 script with `python -m lowlevel.estimator
 SCRIPT.py ARGS` (aliases tf.estimator and tensorflow_estimator). Not
-provided: the canned estimators (DNNClassifier, LinearRegressor, ...), heads,
-TPUEstimator, distribution strategies, keras model_to_estimator. The
+provided: TPUEstimator, distribution strategies, keras model_to_estimator. The
 distributed `train_and_evaluate` (a cluster in TF_CONFIG) runs every task
 through lowlevel's runtime (`lowlevel.estimator.distributed`).
 
@@ -37,6 +40,23 @@ import tensorflow as tf  # noqa: E402  (after the Keras environment is set)
 from lowlevel.estimator import (
     export,  # noqa: F401,E402
     inputs,  # noqa: F401,E402
+)
+from lowlevel.estimator.canned import (  # noqa: E402
+    BaselineClassifier,
+    BaselineRegressor,
+    BinaryClassHead,
+    DNNClassifier,
+    DNNLinearCombinedClassifier,
+    DNNLinearCombinedRegressor,
+    DNNRegressor,
+    Head,
+    LinearClassifier,
+    LinearRegressor,
+    LogisticRegressionHead,
+    MultiClassHead,
+    MultiLabelHead,
+    PoissonRegressionHead,
+    RegressionHead,
 )
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -73,4 +93,8 @@ __all__ = [
     "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook", "ProfilerHook",
     "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
     "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
+    "BaselineClassifier", "BaselineRegressor", "DNNClassifier", "DNNRegressor",
+    "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor", "LinearClassifier",
+    "LinearRegressor", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
+    "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
 ]

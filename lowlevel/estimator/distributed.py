@@ -19,6 +19,9 @@ model_fn trained as a `trainables.ModelFn`:
   `max_steps` (2.15's `_TrainingExecutor.run_evaluator`); a chief that saves
   nothing new for `--eval_timeout_secs` ends it with status 200.
 
+`LOWLEVEL_SYNC=1` in the environment trains synchronously through the runtime (its
+`--sync`; `LOWLEVEL_REPLICAS_TO_AGGREGATE` its `--replicas_to_aggregate`).
+
 `run` returns None on every task, as 2.15. A task that must stop with a status
 other than 0 (preempted: 128 + N; a failure: the exit-status table of
 `lowlevel.errors`) raises `SystemExit` with it, or the failure's exception.
@@ -37,7 +40,7 @@ from lowlevel import events, output_layout
 from lowlevel.cluster import channels, tf_config
 from lowlevel.cluster.spec import PS
 from lowlevel.config import TrainConfig
-from lowlevel.errors import EvalTimeout
+from lowlevel.errors import EvalTimeout, UsageError
 from lowlevel.runtime import schedules, trainables
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
@@ -87,8 +90,32 @@ def _train_config(estimator, train_spec, cluster) -> TrainConfig:
         save_checkpoint_steps=config.save_checkpoints_steps,
         save_checkpoint_secs=config.save_checkpoints_secs or 600.0,
         keep_checkpoint_max=config.keep_checkpoint_max or 5,
-        seed=config.tf_random_seed or 0, keep_exports=0,
+        seed=config.tf_random_seed or 0, keep_exports=0, **_sync_from_environment(),
     ).validate(cluster.num_workers if cluster else None)
+
+
+def _sync_from_environment() -> dict:
+    """`LOWLEVEL_SYNC=1`: the runtime trains the model_fn's optimizer synchronously (the
+    trainer's --sync: one SyncReplicasOptimizer round per step, every worker's gradient,
+    exact end); `LOWLEVEL_REPLICAS_TO_AGGREGATE=N` leaves backup workers. For a model_fn
+    that does not wrap its optimizer itself: a canned estimator's, say.
+
+    Raises:
+      UsageError: a value that is not 0/1 (or true/false), or not a positive integer.
+    """
+    found = {}
+    text = os.environ.get("LOWLEVEL_SYNC", "").strip().lower()
+    if text:
+        if text not in ("0", "1", "true", "false"):
+            raise UsageError(f"LOWLEVEL_SYNC={text!r}: expected 1 or 0")
+        found["sync"] = text in ("1", "true")
+    text = os.environ.get("LOWLEVEL_REPLICAS_TO_AGGREGATE", "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"LOWLEVEL_REPLICAS_TO_AGGREGATE={text!r}: expected a positive "
+                             "integer (the trainer's --replicas_to_aggregate)")
+        found["replicas_to_aggregate"] = int(text)
+    return found
 
 
 def _name(fn) -> str:

@@ -107,7 +107,8 @@ def final_metrics(config: TrainConfig, cluster: Optional[Cluster], g, evaluated:
     auc and log_loss; a model_fn: its eval metrics), train_examples_per_sec (all
     workers), wall_seconds (from building the graph to the end of the final evaluation
     and shutdown handshake), num_ps, num_workers, sync, model, dataset (a model_fn's:
-    its input_fn), batch_size.
+    its input_fn), batch_size (a model_fn's examples/s and batch size: None, its input_fn
+    decides them).
 
     `evaluated`: the final evaluation's results (`trainable.final_evaluation`).
     """
@@ -119,14 +120,16 @@ def final_metrics(config: TrainConfig, cluster: Optional[Cluster], g, evaluated:
         "accuracy": evaluated.get("accuracy"),
         "loss": evaluated.get("loss"),
         **extra,
-        "train_examples_per_sec": round(g.progress.examples_per_sec, 1),
+        # A model_fn's batch is its input_fn's, unknown here: no examples/s, no batch size.
+        "train_examples_per_sec": round(g.progress.examples_per_sec, 1) if config.builtin
+        else None,
         "wall_seconds": round(wall_seconds, 3),
         "num_ps": cluster.num_ps if cluster else 0,
         "num_workers": cluster.num_workers if cluster else 1,
         "sync": bool(config.sync and cluster),
         "model": config.model,
         "dataset": config.dataset if config.builtin else config.input_fn,
-        "batch_size": config.batch_size,
+        "batch_size": config.batch_size if config.builtin else None,
     }
 
 

@@ -1,0 +1,103 @@
+"""LinearClassifier and LinearRegressor (tensorflow_estimator 2.15's v2 canned linear
+estimators).
+
+The model: `tf.compat.v1.feature_column.linear_model` (one weight row per
+numeric value or category, a bias), logits of the head's `logits_dimension`,
+`sparse_combiner` ('sum', 'mean' or 'sqrtn') over a multi-valued categorical
+column. Variables as 2.15's: `linear/linear_model/<column>/weights`
+(`[size, logits_dimension]`) and `linear/linear_model/bias_weights`; a large
+column's weights are split into at most one slice per ps task of at least 64
+MiB (2.15's partitioner). Default optimizer FTRL at 0.2 (2.15's v2 gives a name its
+`_LEARNING_RATE`), slots `training/Ftrl/<variable>/{accumulator,linear}`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from lowlevel.estimator.canned import heads as heads_lib
+from lowlevel.estimator.canned import optimizers
+from lowlevel.estimator.canned.dnn import check_features, input_partitioner
+from lowlevel.estimator.estimator import Estimator
+from lowlevel.models.spec import ModeKeys
+
+v1 = tf.compat.v1
+LEARNING_RATE = 0.2  # 2.15's linear._LEARNING_RATE
+
+
+def learning_rate(num_columns: int, cap: float) -> float:
+    """2.15's default FTRL learning rate of wide & deep's linear part: min(cap, 1 /
+    sqrt(num_columns)). (Its LinearClassifier's is always 0.2: given the name 'Ftrl', its
+    v2 code never applies this rule; measured in tests/fixtures/canned215.)"""
+    return min(cap, 1.0 / math.sqrt(num_columns))
+
+
+def linear_logits(features, feature_columns, units, sparse_combiner="sum"):
+    """The linear model's logits, float32 `[batch, units]`, in the current scope."""
+    if not feature_columns:
+        raise ValueError("feature_columns must not be empty.")
+    logits = v1.feature_column.linear_model(features, list(feature_columns), units=units,
+                                            sparse_combiner=sparse_combiner)
+    bias = [v for v in v1.get_collection(v1.GraphKeys.GLOBAL_VARIABLES,
+                                         v1.get_variable_scope().name)
+            if v.op.name.endswith("linear_model/bias_weights")]
+    for b in bias[:1]:
+        for i in range(units):
+            v1.summary.scalar(f"bias_{i}" if units > 1 else "bias", b[i])
+    return logits
+
+
+def linear_model_fn(features, labels, mode, head, feature_columns, optimizer, config,
+                    sparse_combiner="sum"):
+    """2.15's `_linear_model_fn_v2`: the linear model's EstimatorSpec through `head`."""
+    with v1.variable_scope("linear", values=tuple(check_features(features).values()),
+                           use_resource=True,
+                           partitioner=input_partitioner(config)):
+        logits = linear_logits(features, feature_columns, head.logits_dimension,
+                               sparse_combiner)
+    training = mode == ModeKeys.TRAIN
+    opt = optimizers.get_optimizer_instance(optimizer, LEARNING_RATE) if training else None
+    return head.create_estimator_spec(
+        features=features, mode=mode, labels=labels, logits=logits, optimizer=opt,
+        regularization_losses=v1.get_collection(v1.GraphKeys.REGULARIZATION_LOSSES))
+
+
+class LinearEstimatorBase(Estimator):
+    """A linear model through any head (2.15's `LinearEstimatorV2`)."""
+
+    def __init__(self, head, feature_columns, model_dir=None, optimizer="Ftrl", config=None,
+                 warm_start_from=None, sparse_combiner="sum"):
+        feature_columns = tuple(feature_columns or ())  # checked at model_fn time (2.15)
+
+        def _model_fn(features, labels, mode, config):
+            return linear_model_fn(features, labels, mode, head, feature_columns, optimizer,
+                                   config, sparse_combiner)
+        super().__init__(model_fn=_model_fn, model_dir=model_dir, config=config,
+                         warm_start_from=warm_start_from)
+
+
+class LinearClassifier(LinearEstimatorBase):
+    """tf.estimator.LinearClassifier (2.15, v2): n_classes 2 -> BinaryClassHead, more
+    -> MultiClassHead."""
+
+    def __init__(self, feature_columns, model_dir=None, n_classes=2, weight_column=None,
+                 label_vocabulary=None, optimizer="Ftrl", config=None, warm_start_from=None,
+                 loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE, sparse_combiner="sum"):
+        head = heads_lib.binary_or_multi_class_head(n_classes, weight_column,
+                                                    label_vocabulary, loss_reduction)
+        super().__init__(head, feature_columns, model_dir, optimizer, config,
+                         warm_start_from, sparse_combiner)
+
+
+class LinearRegressor(LinearEstimatorBase):
+    """tf.estimator.LinearRegressor (2.15, v2): RegressionHead(label_dimension)."""
+
+    def __init__(self, feature_columns, model_dir=None, label_dimension=1,
+                 weight_column=None, optimizer="Ftrl", config=None, warm_start_from=None,
+                 loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE, sparse_combiner="sum"):
+        head = heads_lib.RegressionHead(label_dimension, weight_column,
+                                        loss_reduction=loss_reduction)
+        super().__init__(head, feature_columns, model_dir, optimizer, config,
+                         warm_start_from, sparse_combiner)
