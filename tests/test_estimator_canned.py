@@ -332,3 +332,63 @@ def test_bad_arguments_fail_as_in_2_15_at_the_same_call(tmp_path, monkeypatch):
               if k not in ERRORS_THAT_DIFFER and outcome(theirs[k]) != outcome(ours[k])}
     assert not differ, differ
     assert len(theirs) - len(ERRORS_THAT_DIFFER) >= 35
+
+
+SIGNATURES = REF.load_json(os.path.join(CANNED, "canned.json"))["constructor_signatures"]
+# Arguments lowlevel takes beyond 2.15's v2 ones, always after them: 2.15's v1 argument
+# `input_layer_partitioner` (the issue's "honoured"), and `warm_start_from` on
+# DNNLinearCombinedEstimator (its classifier and regressor have it in 2.15).
+EXTRA = {"input_layer_partitioner", "warm_start_from"}
+
+
+@pytest.mark.parametrize("name", sorted(set(SIGNATURES) - {"RunConfig", "MultiHead"}))
+def test_a_constructor_takes_2_15s_arguments_in_order_with_its_defaults(name):
+    import inspect
+
+    import lowlevel.estimator as estimator
+    ours = list(inspect.signature(getattr(estimator, name).__init__).parameters.values())[1:]
+    theirs = SIGNATURES[name]["parameters"]
+    assert [p.name for p in ours[:len(theirs)]] == [p["name"] for p in theirs]
+    assert {p.name for p in ours[len(theirs):]} <= EXTRA
+    for mine, their in zip(ours, theirs):
+        if "default" not in their:
+            assert mine.default is inspect.Parameter.empty, mine
+        elif their.get("default_function"):
+            assert f"{mine.default.__module__}.{mine.default.__qualname__}".endswith(
+                their["default_function"].rsplit(".", 1)[-1]), (mine, their)
+        else:
+            assert repr(mine.default) == their["default"], (name, mine.name)
+
+
+@pytest.mark.reference
+def test_the_head_based_estimators_train_through_any_head(tmp_path):
+    """DNNEstimator with a MultiLabelHead, LinearEstimator with a PoissonRegressionHead,
+    DNNLinearCombinedEstimator with a RegressionHead, BaselineEstimator with a weighted
+    BinaryClassHead (its batch size read from the head's weight column): each trains,
+    evaluates with its head's metric keys and predicts with its head's keys."""
+    feats, labels = REF.head_data("multilabel")
+    columns = [tf.feature_column.numeric_column(k) for k in sorted(feats)]
+    counts = REF.head_data("poisson")[1]
+    binary = REF.head_data("binary")[1]
+    with estimator_alias() as estimator:
+        cases = [
+            (estimator.DNNEstimator(estimator.MultiLabelHead(3), [8], columns,
+                                    model_dir=str(tmp_path / "dnn")), feats, labels,
+             "MultiLabelHead"),
+            (estimator.LinearEstimator(estimator.PoissonRegressionHead(), columns,
+                                       model_dir=str(tmp_path / "linear")), feats, counts,
+             "PoissonRegressionHead"),
+            (estimator.DNNLinearCombinedEstimator(
+                estimator.RegressionHead(), model_dir=str(tmp_path / "dlc"),
+                linear_feature_columns=columns, dnn_feature_columns=columns,
+                dnn_hidden_units=[4]), feats, counts, "RegressionHead"),
+            (estimator.BaselineEstimator(estimator.BinaryClassHead(weight_column="w"),
+                                         model_dir=str(tmp_path / "baseline")),
+             dict(feats, w=np.ones(len(binary), np.float32)), binary, "BinaryClassHead"),
+        ]
+        for est, x, y, head in cases:
+            train_fn, eval_fn, predict_fn = REF.make_inputs(tf, x, y)
+            est.train(train_fn, steps=20)
+            assert sorted(est.evaluate(eval_fn)) == HEADS[head]["evaluate_keys"], head
+            assert sorted(next(iter(est.predict(predict_fn)))) == \
+                HEADS[head]["predict"]["keys"], head

@@ -13,7 +13,8 @@ tests/test_estimator_*.py against tests/fixtures/estimator215/):
     and the session-run hooks tf.estimator re-exported from
     tf.compat.v1.train (CheckpointSaverHook, StopAtStepHook, ...),
     the canned estimators and heads (`lowlevel.estimator.canned`: DNN, Linear,
-    DNNLinearCombined and Baseline classifiers and regressors; Binary-,
+    DNNLinearCombined and Baseline classifiers, regressors and head-based
+    estimators; Binary-,
     MultiClass-, MultiLabel-, Regression-, PoissonRegression- and
     LogisticRegressionHead, and Head to subclass).
 
@@ -43,14 +44,18 @@ from lowlevel.estimator import (
 )
 from lowlevel.estimator.canned import (  # noqa: E402
     BaselineClassifier,
+    BaselineEstimator,
     BaselineRegressor,
     BinaryClassHead,
     DNNClassifier,
+    DNNEstimator,
     DNNLinearCombinedClassifier,
+    DNNLinearCombinedEstimator,
     DNNLinearCombinedRegressor,
     DNNRegressor,
     Head,
     LinearClassifier,
+    LinearEstimator,
     LinearRegressor,
     LogisticRegressionHead,
     MultiClassHead,
@@ -95,6 +100,7 @@ __all__ = [
     "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
     "BaselineClassifier", "BaselineRegressor", "DNNClassifier", "DNNRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor", "LinearClassifier",
-    "LinearRegressor", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
+    "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
+    "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
     "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
 ]

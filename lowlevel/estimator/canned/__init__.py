@@ -12,10 +12,15 @@ Estimator here does, locally and on a cluster. Checkpoint names, metric and
 prediction keys and export signatures are 2.15's (tests/fixtures/canned215/).
 """
 
-from lowlevel.estimator.canned.baseline import BaselineClassifier, BaselineRegressor
-from lowlevel.estimator.canned.dnn import DNNClassifier, DNNRegressor
+from lowlevel.estimator.canned.baseline import (
+    BaselineClassifier,
+    BaselineEstimator,
+    BaselineRegressor,
+)
+from lowlevel.estimator.canned.dnn import DNNClassifier, DNNEstimator, DNNRegressor
 from lowlevel.estimator.canned.dnn_linear_combined import (
     DNNLinearCombinedClassifier,
+    DNNLinearCombinedEstimator,
     DNNLinearCombinedRegressor,
 )
 from lowlevel.estimator.canned.heads import (
@@ -27,11 +32,12 @@ from lowlevel.estimator.canned.heads import (
     PoissonRegressionHead,
     RegressionHead,
 )
-from lowlevel.estimator.canned.linear import LinearClassifier, LinearRegressor
+from lowlevel.estimator.canned.linear import LinearClassifier, LinearEstimator, LinearRegressor
 
 __all__ = [
     "BaselineClassifier", "BaselineRegressor", "DNNClassifier", "DNNRegressor",
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor", "LinearClassifier",
-    "LinearRegressor", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
+    "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
+    "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
     "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
 ]

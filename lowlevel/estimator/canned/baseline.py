@@ -48,17 +48,17 @@ def baseline_model_fn(features, labels, mode, head, optimizer, weight_column=Non
                                       logits=logits, optimizer=opt)
 
 
-class BaselineEstimatorBase(Estimator):
-    """A baseline through any head (2.15's `BaselineEstimatorV2`)."""
+class BaselineEstimator(Estimator):
+    """tf.estimator.BaselineEstimator (2.15, v2): a baseline through any head."""
 
-    def __init__(self, head, model_dir=None, optimizer="Ftrl", config=None,
-                 weight_column=None):
+    def __init__(self, head, model_dir=None, optimizer="Ftrl", config=None):
         def _model_fn(features, labels, mode):
-            return baseline_model_fn(features, labels, mode, head, optimizer, weight_column)
+            return baseline_model_fn(features, labels, mode, head, optimizer,
+                                     getattr(head, "weight_column", None))
         super().__init__(model_fn=_model_fn, model_dir=model_dir, config=config)
 
 
-class BaselineClassifier(BaselineEstimatorBase):
+class BaselineClassifier(BaselineEstimator):
     """tf.estimator.BaselineClassifier (2.15, v2)."""
 
     def __init__(self, model_dir=None, n_classes=2, weight_column=None,
@@ -66,14 +66,14 @@ class BaselineClassifier(BaselineEstimatorBase):
                  loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE):
         head = heads_lib.binary_or_multi_class_head(n_classes, weight_column,
                                                     label_vocabulary, loss_reduction)
-        super().__init__(head, model_dir, optimizer, config, weight_column)
+        super().__init__(head, model_dir, optimizer, config)
 
 
-class BaselineRegressor(BaselineEstimatorBase):
+class BaselineRegressor(BaselineEstimator):
     """tf.estimator.BaselineRegressor (2.15, v2)."""
 
     def __init__(self, model_dir=None, label_dimension=1, weight_column=None,
                  optimizer="Ftrl", config=None, loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE):
         head = heads_lib.RegressionHead(label_dimension, weight_column,
                                         loss_reduction=loss_reduction)
-        super().__init__(head, model_dir, optimizer, config, weight_column)
+        super().__init__(head, model_dir, optimizer, config)

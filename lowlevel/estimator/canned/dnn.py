@@ -148,9 +148,10 @@ def dnn_model_fn(features, labels, mode, head, hidden_units, feature_columns,
         regularization_losses=v1.get_collection(v1.GraphKeys.REGULARIZATION_LOSSES))
 
 
-class DNNEstimatorBase(Estimator):
-    """A DNN through any head (2.15's `DNNEstimatorV2`; the classifier and regressor
-    below choose the head)."""
+class DNNEstimator(Estimator):
+    """tf.estimator.DNNEstimator (2.15, v2): a DNN through any head (the classifier and
+    regressor below choose theirs). `input_layer_partitioner` (2.15's v1 argument) is
+    honoured as an extra last argument."""
 
     def __init__(self, head, hidden_units, feature_columns, model_dir=None,
                  optimizer="Adagrad", activation_fn=tf.nn.relu, dropout=None, config=None,
@@ -164,7 +165,7 @@ class DNNEstimatorBase(Estimator):
                          warm_start_from=warm_start_from)
 
 
-class DNNClassifier(DNNEstimatorBase):
+class DNNClassifier(DNNEstimator):
     """tf.estimator.DNNClassifier (2.15, v2): n_classes 2 -> BinaryClassHead, more ->
     MultiClassHead; the arguments and defaults of 2.15's constructor."""
 
@@ -175,12 +176,14 @@ class DNNClassifier(DNNEstimatorBase):
                  input_layer_partitioner=None):
         head = heads_lib.binary_or_multi_class_head(n_classes, weight_column,
                                                     label_vocabulary, loss_reduction)
-        super().__init__(head, hidden_units, feature_columns, model_dir, optimizer,
-                         activation_fn, dropout, config, warm_start_from, batch_norm,
-                         input_layer_partitioner)
+        super().__init__(head, hidden_units, feature_columns, model_dir=model_dir,
+                         optimizer=optimizer, activation_fn=activation_fn, dropout=dropout,
+                         config=config, warm_start_from=warm_start_from,
+                         batch_norm=batch_norm,
+                         input_layer_partitioner=input_layer_partitioner)
 
 
-class DNNRegressor(DNNEstimatorBase):
+class DNNRegressor(DNNEstimator):
     """tf.estimator.DNNRegressor (2.15, v2): RegressionHead(label_dimension)."""
 
     def __init__(self, hidden_units, feature_columns, model_dir=None, label_dimension=1,
@@ -190,6 +193,8 @@ class DNNRegressor(DNNEstimatorBase):
                  input_layer_partitioner=None):
         head = heads_lib.RegressionHead(label_dimension, weight_column,
                                         loss_reduction=loss_reduction)
-        super().__init__(head, hidden_units, feature_columns, model_dir, optimizer,
-                         activation_fn, dropout, config, warm_start_from, batch_norm,
-                         input_layer_partitioner)
+        super().__init__(head, hidden_units, feature_columns, model_dir=model_dir,
+                         optimizer=optimizer, activation_fn=activation_fn, dropout=dropout,
+                         config=config, warm_start_from=warm_start_from,
+                         batch_norm=batch_norm,
+                         input_layer_partitioner=input_layer_partitioner)

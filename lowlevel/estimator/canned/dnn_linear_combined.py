@@ -89,14 +89,15 @@ def _parts(linear_feature_columns, linear_optimizer, linear_sparse_combiner,
     return linear, dnn
 
 
-class DNNLinearCombinedEstimatorBase(Estimator):
-    """Wide & deep through any head (2.15's `DNNLinearCombinedEstimatorV2`)."""
+class DNNLinearCombinedEstimator(Estimator):
+    """tf.estimator.DNNLinearCombinedEstimator (2.15, v2): wide & deep through any head
+    (2.15's has no `warm_start_from`; `input_layer_partitioner` is an extra last argument)."""
 
     def __init__(self, head, model_dir=None, linear_feature_columns=None,
                  linear_optimizer="Ftrl", dnn_feature_columns=None, dnn_optimizer="Adagrad",
                  dnn_hidden_units=None, dnn_activation_fn=tf.nn.relu, dnn_dropout=None,
-                 config=None, warm_start_from=None, batch_norm=False,
-                 linear_sparse_combiner="sum", input_layer_partitioner=None):
+                 config=None, batch_norm=False, linear_sparse_combiner="sum",
+                 input_layer_partitioner=None, warm_start_from=None):
         linear, dnn = _parts(linear_feature_columns, linear_optimizer, linear_sparse_combiner,
                              dnn_feature_columns, dnn_optimizer, dnn_hidden_units,
                              dnn_activation_fn, dnn_dropout, batch_norm,
@@ -108,7 +109,7 @@ class DNNLinearCombinedEstimatorBase(Estimator):
                          warm_start_from=warm_start_from)
 
 
-class DNNLinearCombinedClassifier(DNNLinearCombinedEstimatorBase):
+class DNNLinearCombinedClassifier(DNNLinearCombinedEstimator):
     """tf.estimator.DNNLinearCombinedClassifier (2.15, v2)."""
 
     def __init__(self, model_dir=None, linear_feature_columns=None, linear_optimizer="Ftrl",
@@ -122,11 +123,12 @@ class DNNLinearCombinedClassifier(DNNLinearCombinedEstimatorBase):
                                                     label_vocabulary, loss_reduction)
         super().__init__(head, model_dir, linear_feature_columns, linear_optimizer,
                          dnn_feature_columns, dnn_optimizer, dnn_hidden_units,
-                         dnn_activation_fn, dnn_dropout, config, warm_start_from, batch_norm,
-                         linear_sparse_combiner, input_layer_partitioner)
+                         dnn_activation_fn, dnn_dropout, config, batch_norm,
+                         linear_sparse_combiner, input_layer_partitioner,
+                         warm_start_from=warm_start_from)
 
 
-class DNNLinearCombinedRegressor(DNNLinearCombinedEstimatorBase):
+class DNNLinearCombinedRegressor(DNNLinearCombinedEstimator):
     """tf.estimator.DNNLinearCombinedRegressor (2.15, v2)."""
 
     def __init__(self, model_dir=None, linear_feature_columns=None, linear_optimizer="Ftrl",
@@ -139,5 +141,6 @@ class DNNLinearCombinedRegressor(DNNLinearCombinedEstimatorBase):
                                         loss_reduction=loss_reduction)
         super().__init__(head, model_dir, linear_feature_columns, linear_optimizer,
                          dnn_feature_columns, dnn_optimizer, dnn_hidden_units,
-                         dnn_activation_fn, dnn_dropout, config, warm_start_from, batch_norm,
-                         linear_sparse_combiner, input_layer_partitioner)
+                         dnn_activation_fn, dnn_dropout, config, batch_norm,
+                         linear_sparse_combiner, input_layer_partitioner,
+                         warm_start_from=warm_start_from)

@@ -64,11 +64,11 @@ def linear_model_fn(features, labels, mode, head, feature_columns, optimizer, co
         regularization_losses=v1.get_collection(v1.GraphKeys.REGULARIZATION_LOSSES))
 
 
-class LinearEstimatorBase(Estimator):
-    """A linear model through any head (2.15's `LinearEstimatorV2`)."""
+class LinearEstimator(Estimator):
+    """tf.estimator.LinearEstimator (2.15, v2): a linear model through any head."""
 
     def __init__(self, head, feature_columns, model_dir=None, optimizer="Ftrl", config=None,
-                 warm_start_from=None, sparse_combiner="sum"):
+                 sparse_combiner="sum", warm_start_from=None):
         feature_columns = tuple(feature_columns or ())  # checked at model_fn time (2.15)
 
         def _model_fn(features, labels, mode, config):
@@ -78,7 +78,7 @@ class LinearEstimatorBase(Estimator):
                          warm_start_from=warm_start_from)
 
 
-class LinearClassifier(LinearEstimatorBase):
+class LinearClassifier(LinearEstimator):
     """tf.estimator.LinearClassifier (2.15, v2): n_classes 2 -> BinaryClassHead, more
     -> MultiClassHead."""
 
@@ -87,11 +87,12 @@ class LinearClassifier(LinearEstimatorBase):
                  loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE, sparse_combiner="sum"):
         head = heads_lib.binary_or_multi_class_head(n_classes, weight_column,
                                                     label_vocabulary, loss_reduction)
-        super().__init__(head, feature_columns, model_dir, optimizer, config,
-                         warm_start_from, sparse_combiner)
+        super().__init__(head, feature_columns, model_dir=model_dir, optimizer=optimizer,
+                         config=config, sparse_combiner=sparse_combiner,
+                         warm_start_from=warm_start_from)
 
 
-class LinearRegressor(LinearEstimatorBase):
+class LinearRegressor(LinearEstimator):
     """tf.estimator.LinearRegressor (2.15, v2): RegressionHead(label_dimension)."""
 
     def __init__(self, feature_columns, model_dir=None, label_dimension=1,
@@ -99,5 +100,6 @@ class LinearRegressor(LinearEstimatorBase):
                  loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE, sparse_combiner="sum"):
         head = heads_lib.RegressionHead(label_dimension, weight_column,
                                         loss_reduction=loss_reduction)
-        super().__init__(head, feature_columns, model_dir, optimizer, config,
-                         warm_start_from, sparse_combiner)
+        super().__init__(head, feature_columns, model_dir=model_dir, optimizer=optimizer,
+                         config=config, sparse_combiner=sparse_combiner,
+                         warm_start_from=warm_start_from)
