@@ -76,6 +76,8 @@ from typing import Optional
 import portpicker
 import psutil
 
+from benchmarks import _measure
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "estimator_scripts", "wide_deep_movielens.py")
 SIDES = ("tf2.15", "lowlevel")
@@ -159,16 +161,9 @@ class Task:
         if self.poll() is not None:
             return
         try:
-            root = psutil.Process(self.proc.pid)
-            handles = [root] + root.children(recursive=True)
+            _measure.kill_tree([psutil.Process(self.proc.pid)])
         except psutil.NoSuchProcess:
-            handles = []
-        for h in handles:
-            try:
-                h.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(handles, timeout=10)
+            pass
         self.proc.wait(timeout=10)
         self.killed = True
         self.poll()

@@ -86,6 +86,18 @@ def _close(name, key, ours, theirs):
     return math.isclose(ours, theirs, rel_tol=tolerance, abs_tol=tolerance)
 
 
+def _assert_results_like(name, ref, evaluated, predicted):
+    """evaluate()'s keys and values, predict()'s keys, dtypes and shapes, as 2.15's `ref`."""
+    assert sorted(evaluated) == ref["evaluate_keys"]
+    far = {k: (float(evaluated[k]), v["value"]) for k, v in ref["evaluate"].items()
+           if not _close(name, k, float(evaluated[k]), v["value"])}
+    assert not far, far
+    assert sorted(predicted[0]) == ref["predict"]["keys"]
+    for key, want in ref["predict"]["per_key"].items():
+        got = np.asarray(predicted[0][key])
+        assert (got.dtype.name, list(got.shape)) == (want["dtype"], want["shape"]), key
+
+
 @pytest.mark.reference
 @pytest.mark.parametrize("name", REF.VARIANT_NAMES)
 def test_a_canned_estimator_matches_2_15(name, tmp_path):
@@ -98,15 +110,7 @@ def test_a_canned_estimator_matches_2_15(name, tmp_path):
               ref["optimizer_hyper_parameters"].items() for k, v in values.items()}
     assert {k: float(tf.train.load_variable(str(tmp_path / "model"), k)) for k in hypers} == \
         pytest.approx(hypers)  # the default learning rates among them
-    assert sorted(evaluated) == ref["evaluate_keys"]
-    far = {k: (float(evaluated[k]), v["value"]) for k, v in ref["evaluate"].items()
-           if not _close(name, k, float(evaluated[k]), v["value"])}
-    assert not far, far
-
-    assert sorted(predicted[0]) == ref["predict"]["keys"]
-    for key, want in ref["predict"]["per_key"].items():
-        got = np.asarray(predicted[0][key])
-        assert (got.dtype.name, list(got.shape)) == (want["dtype"], want["shape"]), key
+    _assert_results_like(name, ref, evaluated, predicted)
     for ours, theirs in zip(predicted, ref["predict"]["first_3"]):
         for key in ("classes", "all_classes"):
             if key in theirs:
@@ -170,14 +174,7 @@ def test_a_head_in_a_users_model_fn_matches_2_15(name, tmp_path):
         predicted = list(est.predict(predict_fn))
     assert sorted(n for n, _, _ in _variables(tmp_path)) == sorted(
         v["name"] for v in ref["variables"])
-    assert sorted(evaluated) == ref["evaluate_keys"]
-    far = {k: (float(evaluated[k]), v["value"]) for k, v in ref["evaluate"].items()
-           if not _close(name, k, float(evaluated[k]), v["value"])}
-    assert not far, far
-    assert sorted(predicted[0]) == ref["predict"]["keys"]
-    for key, want in ref["predict"]["per_key"].items():
-        got = np.asarray(predicted[0][key])
-        assert (got.dtype.name, list(got.shape)) == (want["dtype"], want["shape"]), key
+    _assert_results_like(name, ref, evaluated, predicted)
     attributes = {k: repr(getattr(head, k)) for k in ref["attributes"]}
     assert attributes == ref["attributes"]
 
