@@ -389,3 +389,13 @@ def test_the_head_based_estimators_train_through_any_head(tmp_path):
             assert sorted(est.evaluate(eval_fn)) == HEADS[head]["evaluate_keys"], head
             assert sorted(next(iter(est.predict(predict_fn)))) == \
                 HEADS[head]["predict"]["keys"], head
+
+
+def test_the_parse_example_specs_are_2_15s():
+    """classifier_/regressor_parse_example_spec on the arguments of
+    tests/fixtures/canned215/parse_specs.py: the same specs and errors as 2.15's."""
+    spec = importlib.util.spec_from_file_location(
+        "canned215_parse_specs", os.path.join(CANNED, "parse_specs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.out == REF.load_json(os.path.join(CANNED, "parse_specs.json"))

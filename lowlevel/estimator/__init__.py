@@ -62,6 +62,8 @@ from lowlevel.estimator.canned import (  # noqa: E402
     MultiLabelHead,
     PoissonRegressionHead,
     RegressionHead,
+    classifier_parse_example_spec,
+    regressor_parse_example_spec,
 )
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -103,4 +105,5 @@ __all__ = [
     "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
     "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
     "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
+    "classifier_parse_example_spec", "regressor_parse_example_spec",
 ]

@@ -33,6 +33,10 @@ from lowlevel.estimator.canned.heads import (
     RegressionHead,
 )
 from lowlevel.estimator.canned.linear import LinearClassifier, LinearEstimator, LinearRegressor
+from lowlevel.estimator.canned.parsing import (
+    classifier_parse_example_spec,
+    regressor_parse_example_spec,
+)
 
 __all__ = [
     "BaselineClassifier", "BaselineRegressor", "DNNClassifier", "DNNRegressor",
@@ -40,4 +44,5 @@ __all__ = [
     "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
     "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
     "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
+    "classifier_parse_example_spec", "regressor_parse_example_spec",
 ]
