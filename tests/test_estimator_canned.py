@@ -399,3 +399,18 @@ def test_the_parse_example_specs_are_2_15s():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.out == REF.load_json(os.path.join(CANNED, "parse_specs.json"))
+
+
+@pytest.mark.reference
+def test_add_metrics_adds_a_metric_as_2_15_does():
+    """tf.estimator.add_metrics on a LinearRegressor: the added metric among the model's own,
+    its value 2.15's (to float rounding), the same model_dir, 2.15's error for a metric_fn
+    with another argument."""
+    spec = importlib.util.spec_from_file_location(
+        "canned215_add_metrics", os.path.join(CANNED, "add_metrics.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with estimator_alias():
+        ours = module.run()
+    theirs = REF.load_json(os.path.join(CANNED, "add_metrics.json"))
+    assert ours == dict(theirs, mae=pytest.approx(theirs["mae"], rel=1e-5))

@@ -16,7 +16,7 @@ tests/test_estimator_*.py against tests/fixtures/estimator215/):
     DNNLinearCombined and Baseline classifiers, regressors and head-based
     estimators; Binary-,
     MultiClass-, MultiLabel-, Regression-, PoissonRegression- and
-    LogisticRegressionHead, and Head to subclass).
+    LogisticRegressionHead, and Head to subclass), add_metrics.
 
 Run an unmodified TF <= 2.15 script with `python -m lowlevel.estimator
 SCRIPT.py ARGS` (aliases tf.estimator and tensorflow_estimator). Not
@@ -66,6 +66,7 @@ from lowlevel.estimator.canned import (  # noqa: E402
     regressor_parse_example_spec,
 )
 from lowlevel.estimator.estimator import Estimator
+from lowlevel.estimator.extenders import add_metrics
 from lowlevel.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
 from lowlevel.estimator.training import EvalSpec, TrainSpec, train_and_evaluate
 from lowlevel.estimator.warm_start import VocabInfo, WarmStartSettings
@@ -105,5 +106,5 @@ __all__ = [
     "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
     "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
     "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
-    "classifier_parse_example_spec", "regressor_parse_example_spec",
+    "classifier_parse_example_spec", "regressor_parse_example_spec", "add_metrics",
 ]
