@@ -42,29 +42,8 @@ from lowlevel.estimator import (
     export,  # noqa: F401,E402
     inputs,  # noqa: F401,E402
 )
-from lowlevel.estimator.canned import (  # noqa: E402
-    BaselineClassifier,
-    BaselineEstimator,
-    BaselineRegressor,
-    BinaryClassHead,
-    DNNClassifier,
-    DNNEstimator,
-    DNNLinearCombinedClassifier,
-    DNNLinearCombinedEstimator,
-    DNNLinearCombinedRegressor,
-    DNNRegressor,
-    Head,
-    LinearClassifier,
-    LinearEstimator,
-    LinearRegressor,
-    LogisticRegressionHead,
-    MultiClassHead,
-    MultiLabelHead,
-    PoissonRegressionHead,
-    RegressionHead,
-    classifier_parse_example_spec,
-    regressor_parse_example_spec,
-)
+from lowlevel.estimator import canned as _canned  # noqa: E402
+from lowlevel.estimator.canned import *  # noqa: F403,E402 (its __all__: estimators, heads, ...)
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.estimator.extenders import add_metrics
 from lowlevel.estimator.exporters import BestExporter, Exporter, FinalExporter, LatestExporter
@@ -101,10 +80,5 @@ __all__ = [
     "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook", "ProfilerHook",
     "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",
     "SessionRunValues", "StepCounterHook", "StopAtStepHook", "SummarySaverHook",
-    "BaselineClassifier", "BaselineRegressor", "DNNClassifier", "DNNRegressor",
-    "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor", "LinearClassifier",
-    "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
-    "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
-    "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
-    "classifier_parse_example_spec", "regressor_parse_example_spec", "add_metrics",
+    "add_metrics", *_canned.__all__,
 ]
