@@ -3,6 +3,7 @@ cluster shape or process resumes in any other (real clusters, one output_dir).""
 
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -171,3 +172,45 @@ def test_checkpoint_of_another_optimizer_is_still_an_error(tmp_path):
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("lowlevel.trainer: error: --output_dir=") and \
         "has no variable model/" in line and "/Adagrad" in line, line
+
+
+def _save_at(directory, step: int) -> str:
+    """A real `Saver` checkpoint at global step `step` in `directory`; its path prefix."""
+    with tf.Graph().as_default():
+        v1.train.create_global_step()
+        saver = v1.train.Saver()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(v1.assign(v1.train.get_global_step(), step))
+            return saver.save(sess, os.path.join(str(directory), "model.ckpt"), global_step=step)
+
+
+@pytest.mark.timeout(60)
+def test_a_listing_rewritten_while_reading_is_read_again(tmp_path):
+    """A worker starting beside a saving chief read a listing whose files were being
+    replaced, and ended the run (CI). Unreadable with the listing changed meanwhile: read
+    again; unreadable with it unchanged over RELIST_SECS: the error."""
+    old = _save_at(tmp_path, 100)
+    for data in tmp_path.glob("model.ckpt-100.data-*"):
+        data.unlink()  # the chief's next save deleted it
+    ready = tmp_path / "next"  # the chief's next checkpoint, written, not yet listed
+    _save_at(ready, 200)
+
+    def chief_lists_it():
+        for f in ready.glob("model.ckpt-200.*"):
+            os.replace(f, tmp_path / f.name)
+        v1.train.update_checkpoint_state(str(tmp_path), "model.ckpt-200",
+                                         ["model.ckpt-100", "model.ckpt-200"])
+
+    saving = threading.Timer(checkpoints.RELIST_SECS / 4, chief_lists_it)
+    saving.start()
+    try:
+        assert checkpoints.newest_readable(str(tmp_path)) == (old[:-3] + "200", 200)
+    finally:
+        saving.join()
+    stale = tmp_path / "stale"
+    _save_at(stale, 300)
+    for data in stale.glob("model.ckpt-300.data-*"):
+        data.unlink()
+    with pytest.raises(checkpoints.NoReadableCheckpoint, match="none of its 1 checkpoint"):
+        checkpoints.newest_readable(str(stale))

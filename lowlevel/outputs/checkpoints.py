@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Iterable, Optional
 
 import numpy as np
@@ -107,28 +108,44 @@ def _check_data_files(path: str, declared: int) -> None:
 def newest_readable(checkpoint_dir: Optional[str]) -> Optional[tuple[str, int]]:
     """(path prefix, global step) of the newest checkpoint that reads whole; None if none exist.
 
-    Each newer checkpoint that fails to read is logged as a warning.
+    Each newer checkpoint that fails to read is logged as a warning. A chief
+    saving meanwhile rewrites the listing and deletes the oldest files (a
+    worker starting beside it reads them mid-change), so when none reads the
+    listing is read again, after `RELIST_SECS`, and checked anew if it changed.
 
     Raises:
-      NoReadableCheckpoint: checkpoints are listed but none can be read.
+      NoReadableCheckpoint: checkpoints are listed but none can be read, the
+        listing unchanged over `RELIST_SECS` seconds.
     """
     paths = all_checkpoints(checkpoint_dir)
-    for path in reversed(paths):
-        try:
-            return path, read_step(path)
-        except Exception as e:  # noqa: BLE001 - a cut-short file fails in many ways
-            # (DataLossError, IndexError "Read less bytes than requested", ...)
-            message = getattr(e, "message", None) or str(e)
-            if path in _warned:
-                continue
-            _warned.add(path)
-            logging.warning("checkpoint %s is unreadable (%s); trying the one before it",
-                            os.path.basename(path), message.strip().splitlines()[0])
-    if paths:
-        raise NoReadableCheckpoint(
-            f"--output_dir={checkpoint_dir}: none of its {len(paths)} checkpoint(s) can be "
-            "read (truncated or missing files); move them away to start afresh")
-    return None
+    while True:
+        for path in reversed(paths):
+            try:
+                return path, read_step(path)
+            except Exception as e:  # noqa: BLE001 - a cut-short file fails in many ways
+                _warn_unreadable(path, e)  # (DataLossError, IndexError "Read less bytes", ...)
+        if not paths:
+            return None
+        time.sleep(RELIST_SECS)
+        relisted = all_checkpoints(checkpoint_dir)
+        if relisted == paths:
+            raise NoReadableCheckpoint(
+                f"--output_dir={checkpoint_dir}: none of its {len(paths)} checkpoint(s) can be "
+                "read (truncated or missing files); move them away to start afresh")
+        paths = relisted
+
+
+RELIST_SECS = 1.0  # `newest_readable`'s wait before reading the listing again
+
+
+def _warn_unreadable(path: str, error: Exception) -> None:
+    """One warning per process for unreadable checkpoint `path`."""
+    if path in _warned:
+        return
+    _warned.add(path)
+    message = getattr(error, "message", None) or str(error)
+    logging.warning("checkpoint %s is unreadable (%s); trying the one before it",
+                    os.path.basename(path), message.strip().splitlines()[0])
 
 
 def check_finished(checkpoint_dir: Optional[str], train_steps: int) -> None:
