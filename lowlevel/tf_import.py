@@ -28,16 +28,19 @@ import sys
 import tempfile
 
 
-def import_tensorflow(verbose: bool = False):
+def import_tensorflow(verbose: bool = False, set_logger: bool = True):
     """Returns the `tensorflow` module with eager execution disabled.
 
     Args:
       verbose: keep TensorFlow's C++ and Python log output.
+      set_logger: set TensorFlow's Python logger to INFO (verbose) or ERROR; False leaves
+        it as the program set it (an Estimator script's `set_verbosity`).
     """
     tf = import_quietly(verbose)
     if tf.executing_eagerly():
         tf.compat.v1.disable_eager_execution()
-    tf.get_logger().setLevel("INFO" if verbose else "ERROR")
+    if set_logger:
+        tf.get_logger().setLevel("INFO" if verbose else "ERROR")
     return tf
 
 

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.cluster
 SCRIPT = os.path.join(clusters.ROOT, "tests", "estimator_scripts", "digits_estimator.py")
 WIDE_DEEP = os.path.join(clusters.ROOT, "tests", "estimator_scripts", "wide_deep_movielens.py")
 MOVIELENS = os.path.join(clusters.ROOT, "data", "ml-100k")
+EARLY = os.path.join(clusters.ROOT, "tests", "estimator_scripts", "early_stopping.py")
 ROLES = (("ps", 0), ("chief", 0), ("worker", 0), ("evaluator", 0))
 
 
@@ -46,15 +47,15 @@ def _cluster(ports, tmp_path, *args, roles=ROLES, script=SCRIPT, env=None):
     return spec, model_dir, procs
 
 
-def _eval_steps(model_dir) -> list:
+def _eval_steps(model_dir, tag="accuracy") -> list:
     """The global steps of the evaluator's records in model_dir/eval (its event files)."""
     steps = []
     eval_dir = os.path.join(model_dir, "eval")
     for name in sorted(os.listdir(eval_dir)):
         for event in tf.compat.v1.train.summary_iterator(os.path.join(eval_dir, name)):
-            if any(v.tag == "accuracy" for v in event.summary.value):
+            if any(v.tag == tag for v in event.summary.value):
                 steps.append(event.step)
-    return steps
+    return sorted(steps)
 
 
 def _check_finished(model_dir, tmp_path, done, max_steps):
@@ -149,4 +150,31 @@ def test_a_canned_wide_and_deep_script_runs_as_a_cluster_and_every_task_exits_0(
     result = json.loads(logs["chief0"].split("RESULT ", 1)[1].splitlines()[0])
     assert result["eval"]["auc"] > 0.55, result
     assert f"1 ps + 2 workers, {mode}" in logs["chief0"]
+    assert clusters.leftovers(model_dir) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hook", ["lower", "predicate"])
+def test_an_early_stop_ends_every_task_with_status_0(hook, ports, tmp_path):
+    """tensorflow_estimator 2.15 stopped only the chief and the worker (its ps and evaluator
+    still ran 90 s later: docs/estimator.md, "Early stopping"); here the chief's stop, by
+    2.15's `stop_if_lower_hook` or a `make_early_stopping_hook` predicate, ends all four."""
+    _, model_dir, procs = _cluster(ports, tmp_path, f"--hook={hook}", "--max_steps=100000",
+                                   script=EARLY)
+    done = clusters.wait_all(procs, 240)
+    logs = {n: (tmp_path / f"{n}.log").read_text() for n in done}
+    assert {n: s for n, (s, _) in done.items()} == {n: 0 for n in done}, \
+        {n: logs[n][-3000:] for n, (s, _) in done.items() if s != 0}
+    ended = clusters.task_events(model_dir, "chief0", "ended_early")
+    assert len(ended) == 1 and ended[0]["global_step"] < 100000, ended
+    assert max(t for _, t in done.values()) - ended[0]["unix_time"] < 30, done
+    final = int(tf.train.load_variable(str(model_dir), "global_step"))
+    # the worker stops within ENDED_EARLY_POLL_SECS: a few hundred steps at the most here
+    assert ended[0]["global_step"] <= final < ended[0]["global_step"] + 500, (ended, final)
+    assert tf.train.load_variable(str(model_dir), "signal_early_stopping/STOP")
+    assert _eval_steps(model_dir, "loss")[-1] == final  # the final checkpoint, evaluated
+    assert "Requesting early stopping at global step" in logs["chief0"]
+    assert "the chief ended the run before its last step; stopping" in logs["worker0"]
+    assert "the chief signalled the end of training" in logs["ps0"]
+    assert "Exiting evaluation: training ended at global_step=%d" % final in logs["evaluator0"]
     assert clusters.leftovers(model_dir) == []

@@ -10,6 +10,7 @@ tests/test_estimator_*.py against tests/fixtures/estimator215/):
     export (PredictOutput, ClassificationOutput, RegressionOutput,
             ServingInputReceiver, TensorServingInputReceiver, ...),
     inputs (numpy_input_fn),
+    experimental (the early-stopping hooks, `lowlevel.estimator.early_stopping`),
     and the session-run hooks tf.estimator re-exported from
     tf.compat.v1.train (CheckpointSaverHook, StopAtStepHook, ...),
     the canned estimators and heads (`lowlevel.estimator.canned`: DNN, Linear,
@@ -39,6 +40,7 @@ _alias.prepare_environment()
 import tensorflow as tf  # noqa: E402  (after the Keras environment is set)
 
 from lowlevel.estimator import (
+    experimental,  # noqa: F401,E402
     export,  # noqa: F401,E402
     inputs,  # noqa: F401,E402
 )
@@ -75,7 +77,7 @@ del _train
 __all__ = [
     "Estimator", "EstimatorSpec", "ModeKeys", "RunConfig", "TrainSpec", "EvalSpec",
     "train_and_evaluate", "WarmStartSettings", "VocabInfo", "Exporter", "LatestExporter",
-    "BestExporter", "FinalExporter", "export", "inputs", "CheckpointSaverHook",
+    "BestExporter", "FinalExporter", "experimental", "export", "inputs", "CheckpointSaverHook",
     "CheckpointSaverListener", "FeedFnHook", "FinalOpsHook", "GlobalStepWaiterHook",
     "LoggingTensorHook", "NanLossDuringTrainingError", "NanTensorHook", "ProfilerHook",
     "SecondOrStepTimer", "SessionRunArgs", "SessionRunContext", "SessionRunHook",

@@ -19,6 +19,13 @@ model_fn trained as a `trainables.ModelFn`:
   `max_steps` (2.15's `_TrainingExecutor.run_evaluator`); a chief that saves
   nothing new for `--eval_timeout_secs` ends it with status 200.
 
+A run the chief ends before `max_steps` (an early-stopping hook,
+`lowlevel.estimator.early_stopping`, or any hook's `request_stop`) ends on every
+task, where 2.15 left the evaluator and the ps tasks running: the workers stop
+within 0.1 s (`runtime.shutdown`, "A run ended early"), the ps tasks exit
+after the final checkpoint, and the evaluator, once the chief's final metrics
+appear, evaluates the final checkpoint at once (not a throttle later) and returns.
+
 `LOWLEVEL_SYNC=1` in the environment trains synchronously through the runtime (its
 `--sync`; `LOWLEVEL_REPLICAS_TO_AGGREGATE` its `--replicas_to_aggregate`).
 
@@ -30,6 +37,7 @@ other than 0 (preempted: 128 + N; a failure: the exit-status table of
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -74,7 +82,7 @@ def run(estimator, train_spec, eval_spec, evaluator_cls) -> None:
     trainable = trainables.ModelFn(model, None, f"model_fn {_name(estimator._model_fn)}")
     schedule = (config_lib.RUN_STD_SERVER if task.job_name == PS else config_lib.TRAIN)
     status = schedules.run(schedule, run_config, cluster, task, _preemption(task.name),
-                           trainable=trainable)
+                           trainable=trainable, set_logger=False)  # the script's verbosity
     if status:
         raise SystemExit(status)
     return None
@@ -166,30 +174,63 @@ def _evaluate_once(evaluator):
 
 
 def _evaluate(estimator, train_spec, eval_spec, evaluator_cls) -> None:
-    """The evaluator: each new checkpoint, throttled, until the one of max_steps."""
+    """The evaluator: each new checkpoint, throttled, until the one of max_steps, or until
+    the final checkpoint of a run the chief ended early (`_ended_at`) is evaluated."""
+    since = time.time()
     if eval_spec.start_delay_secs:
         logging.info("Waiting %f secs before starting eval.", eval_spec.start_delay_secs)
-        time.sleep(eval_spec.start_delay_secs)
+        _sleep_unless_ended(eval_spec.start_delay_secs, estimator.model_dir, since)
     evaluator = evaluator_cls(estimator, eval_spec, train_spec.max_steps)
-    waited_since = time.monotonic()
+    waited_since, evaluated = time.monotonic(), None
     while True:
         started = time.monotonic()
         metrics = _evaluate_once(evaluator)
         if metrics is not None:
             waited_since = time.monotonic()
-            step = int(metrics[tf.compat.v1.GraphKeys.GLOBAL_STEP])
-            if train_spec.max_steps and step >= train_spec.max_steps:
+            evaluated = int(metrics[tf.compat.v1.GraphKeys.GLOBAL_STEP])
+            if train_spec.max_steps and evaluated >= train_spec.max_steps:
                 logging.info("Exiting evaluation, global_step=%s >= train max_steps=%s",
-                             step, train_spec.max_steps)
+                             evaluated, train_spec.max_steps)
                 return None
-        elif time.monotonic() - waited_since > EVAL_TIMEOUT_SECS:
+        ended = _ended_at(estimator.model_dir, since)
+        if ended is not None and evaluated is not None and evaluated >= ended:
+            logging.info("Exiting evaluation: training ended at global_step=%s, before "
+                         "max_steps=%s, and its final checkpoint is evaluated", ended,
+                         train_spec.max_steps)
+            return None
+        if metrics is None and time.monotonic() - waited_since > EVAL_TIMEOUT_SECS:
             raise EvalTimeout(
                 f"evaluator: no new checkpoint in {estimator.model_dir} for "
                 f"{EVAL_TIMEOUT_SECS:g} s before the one of max_steps={train_spec.max_steps}: "
                 "is the chief running?")
         delay = eval_spec.throttle_secs - (time.monotonic() - started)
-        if delay > 0:
+        if delay > 0 and ended is None:
             logging.info("Waiting %f secs before starting next eval run.", delay)
-            time.sleep(delay)
+            _sleep_unless_ended(delay, estimator.model_dir, since)
         else:
             time.sleep(1.0 if metrics is None else 0.0)
+
+
+def _ended_at(model_dir: str, since: float):
+    """The final global step of a run that ended after `since` (unix seconds): the chief
+    writes `final_metrics.json` last (`lowlevel.runtime.finish`, step 12), so a file newer
+    than the evaluator's start says training is over; None while it is not."""
+    path = output_layout.final_metrics(model_dir)
+    try:
+        if os.stat(path).st_mtime < since:
+            return None
+        with open(path) as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):  # absent, or being written
+        return None
+
+
+def _sleep_unless_ended(seconds: float, model_dir: str, since: float) -> None:
+    """Sleeps `seconds`, waking within `ENDED_POLL_SECS` once training has ended (a run the
+    chief ended early: its final checkpoint is evaluated at once, not a throttle later)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _ended_at(model_dir, since) is None:
+        time.sleep(min(ENDED_POLL_SECS, max(0.0, deadline - time.monotonic())))
+
+
+ENDED_POLL_SECS = 1.0  # how often a sleeping evaluator looks for the end of training

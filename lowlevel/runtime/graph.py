@@ -283,11 +283,14 @@ def _variable_bytes(variables) -> int:
 
 
 def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, scaffold, steps,
-                  progress, final_eval, preempted, extra=()) -> list:
+                  progress, final_eval, preempted, extra=(), may_end_early=False) -> list:
     """The task's session hooks, in the order of the end-of-training protocol (`shutdown`).
 
     `extra`: a model_fn's own hooks, run with the training hooks (before the
-    chief's summaries and checkpoint).
+    chief's summaries and checkpoint). `may_end_early`: the chief may stop before
+    `--train_steps` (a model_fn's hook, its input's end): the run then ends on every
+    task ("A run ended early" in `shutdown`; not in sync mode, whose workers wait in
+    the step). The built-in models never do, and their workers skip the watch.
     """
     channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
     training = [progress, *extra]
@@ -319,4 +322,6 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
                                               config.step_timeout_secs, state_bytes))
     return shutdown.end_of_training_hooks(
         task, cluster, channel, training, checkpoint=checkpoint, final_eval=final_eval,
-        timeout_secs=config.shutdown_timeout_secs, preempted=preempted)
+        timeout_secs=config.shutdown_timeout_secs, preempted=preempted,
+        global_step=global_step if may_end_early and not mode.sync else None,
+        last_step=config.train_steps)

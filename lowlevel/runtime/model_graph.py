@@ -221,6 +221,13 @@ def _batch_size(labels, features) -> int:
     return 0
 
 
+def _on_runtime(hook, steps: hooks.LoopState):
+    """`hook.on_runtime(steps)` for a hook that runs differently on the runtime (an Estimator
+    early-stopping hook: `lowlevel.estimator.early_stopping`), else `hook`. Called while the
+    graph is built, before the saver: variables the hook makes then are saved."""
+    return hook.on_runtime(steps) if hasattr(hook, "on_runtime") else hook
+
+
 def _every_step(hook):
     """A model's hook that acts per step, given a `due()` that is always True: the loop then
     runs every step through the monitored session, as the model expects (`loop.StepRunner`)."""
@@ -244,22 +251,25 @@ def _assemble(config, model, cluster, task, graph, spec, step, global_step, made
     # own SyncReplicasOptimizer gets it from make_session_run_hook (`made.sync_hooks`).
     mode = graph_lib.Mode(num_workers=num_workers,
                           replicas=replicas, sync=made.runtime_sync is not None, local=False)
+    steps = hooks.LoopState()
+    model_hooks = list(input_hooks) + list(model.hooks) + list(spec.training_hooks)
+    if task.is_chief:
+        model_hooks += list(spec.training_chief_hooks)
+    # before the saver: a hook's variables made here are saved (early stopping's STOP)
+    model_hooks = [_every_step(_on_runtime(h, steps)) for h in model_hooks
+                   if h not in made.sync_hooks]
     scaffold, saved, optimizer_names = graph_lib.scaffold_for(
         config, graph, None, _local_init(spec.scaffold), None, spec.scaffold)
     examples_per_step = batch_size * (replicas if sync is not None else 1)
-    steps = hooks.LoopState()
     progress = progress_lib.ProgressHook(global_step, spec.loss, examples_per_step,
                                          config.train_steps, config.log_every_secs, steps,
                                          config.output_dir if task.is_chief else None,
                                          config.warmup_steps, batch_size)
-    model_hooks = list(input_hooks) + list(model.hooks) + list(spec.training_hooks)
-    if task.is_chief:
-        model_hooks += list(spec.training_chief_hooks)
-    model_hooks = [_every_step(h) for h in model_hooks if h not in made.sync_hooks]
     step_ops = graph_lib.Step(spec.loss, None, step, sync_optimizer=made.runtime_sync)
     run_hooks = graph_lib.session_hooks(config, mode, cluster, task, step_ops, global_step,
                                         scaffold, steps, progress, None, preempted,
-                                        extra=made.sync_hooks + model_hooks)
+                                        extra=made.sync_hooks + model_hooks,
+                                        may_end_early=sync is None)
     return graph_lib.TrainGraph(graph, step, None, spec.loss, global_step, scaffold, run_hooks,
                                 progress, None, examples_per_step, steps, saved,
                                 optimizer_names)

@@ -25,7 +25,7 @@ from lowlevel.tf_import import import_tensorflow
 
 
 def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Task,
-        preemption, verbose: bool = False, trainable=None) -> int:
+        preemption, verbose: bool = False, trainable=None, set_logger: bool = True) -> int:
     """Runs `schedule` for `task`; returns the exit status.
 
     Args:
@@ -33,8 +33,10 @@ def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Ta
       verbose: keep TensorFlow's own log output (`--verbosity=1`).
       trainable: what a training task trains (`trainables`); default: what `config`
         names (`trainables.for_config`).
+      set_logger: False leaves TensorFlow's Python logger at the level the program set
+        (an Estimator script's); True sets it per `verbose` (`import_tensorflow`).
     """
-    import_tensorflow(verbose=verbose)
+    import_tensorflow(verbose=verbose, set_logger=set_logger)
     events.emit("started", None, schedule=schedule)
     if schedule == config_lib.RUN_STD_SERVER:
         return serve(cluster, task, config)

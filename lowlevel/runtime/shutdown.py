@@ -43,6 +43,15 @@ of a run, step by step:
 8. Each ps (`run_std_server`) dequeues it, keeps serving `LINGER_SECS`
    for the clean-up calls of the closing sessions, and exits 0.
 
+**A run ended early.** A chief whose loop ends before `--train_steps` (a hook
+requested the stop: an Estimator's early-stopping hook, a model's own hook; its
+input ended) tells the others first (`EndEarlyHook`, before step 3): it
+enqueues one element on ps 0's `lowlevel/ended_early` queue. Each non-chief
+worker looks at that queue's size every `ENDED_EARLY_POLL_SECS` (`EndedEarlyHook`,
+one 4-byte fetch through the hooks), stops at its next step once it is not empty,
+and goes on with step 2; steps 3-8 follow as above. Every task exits 0, and the
+final checkpoint (below `--train_steps`) holds every worker's last update.
+
 When `preempted` is set (SIGTERM/SIGINT), steps 2, 3, 6 and 7 do nothing:
 the task will be back and the run is not over; the chief's checkpoint
 (5) is still saved. A chief restarted on a finished run skips all of it
@@ -76,6 +85,8 @@ GONE_SECS = 2.0
 LINGER_SECS = 0.5
 # Seconds a report or a stop signal may take before the ps is taken to be gone.
 SIGNAL_TIMEOUT_MS = 10_000
+# How often a non-chief worker looks for the chief's early end (`EndedEarlyHook`), seconds.
+ENDED_EARLY_POLL_SECS = 0.1
 
 
 def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
@@ -84,7 +95,8 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
                           checkpoint: Optional[v1.train.SessionRunHook] = None,
                           final_eval: Optional[v1.train.SessionRunHook] = None,
                           timeout_secs: float = 60.0,
-                          preempted: Optional[threading.Event] = None) -> list:
+                          preempted: Optional[threading.Event] = None,
+                          global_step=None, last_step: Optional[int] = None) -> list:
     """The task's hooks, in the order that is the end-of-training protocol.
 
     The order is the protocol above: see the module docstring, steps 1-8.
@@ -99,6 +111,9 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
       final_eval: the chief's `evaluation.FinalEvalHook`, or None.
       timeout_secs: the chief's longest wait in step 3, seconds.
       preempted: set when the task is being preempted.
+      global_step, last_step: the run's global step variable and `--train_steps`;
+        given both, a run the chief ends before `last_step` ends on every task
+        ("A run ended early" above).
 
     Returns:
       The hooks for `MonitoredSession`, in order.
@@ -107,10 +122,14 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
     training = list(training)
     if channel is None:
         return training + [h for h in (checkpoint, final_eval) if h is not None]
+    early = global_step is not None and last_step is not None
     if not task.is_chief:
-        return training + [ReportDoneHook(channel, task, preempted)]
+        watch = [EndedEarlyHook(channel, task)] if early else []
+        return watch + training + [ReportDoneHook(channel, task, preempted)]
     others = _other_workers(cluster)
-    return ([WaitForWorkersHook(channel, others, timeout_secs, preempted)] + training +
+    end_early = [EndEarlyHook(channel, global_step, last_step, preempted)] if early else []
+    return (end_early + [WaitForWorkersHook(channel, others, timeout_secs, preempted)] +
+            training +
             [h for h in (checkpoint, final_eval) if h is not None] +
             [StopPsHook(channel, preempted)])
 
@@ -165,6 +184,22 @@ class ShutdownChannel:
         self._next_done = done.dequeue()
         self._stop_ps = [queue(f"lowlevel/stop_ps{k}", ps_device(k)).enqueue(0)
                          for k in range(num_ps)]
+        ended = queue("lowlevel/ended_early", ps_device(0))
+        self._end_early, self.ended_early = ended.enqueue(0), ended.size()
+
+    def end_early(self, sess) -> None:
+        """Tells the other workers that the run ended before its last step (the chief's).
+
+        Raises:
+          Whatever the run raises but a ps that cannot be reached (logged).
+        """
+        try:
+            sess.run(self._end_early, options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
+        except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
+            if not peer_unreachable(e):
+                raise
+            logging.warning("could not tell the workers through ps0 that the run ended "
+                            "early: %s", e.message)
 
     def report_done(self, sess, task_index: int) -> None:
         """Tells the chief that training task `task_index` (its replica index) has finished.
@@ -235,6 +270,65 @@ class ReportDoneHook(v1.train.SessionRunHook):
     def end(self, session):
         if not self._preempted.is_set():
             self._channel.report_done(session, self._task.replica_index)
+
+
+class EndEarlyHook(v1.train.SessionRunHook):
+    """The chief's early end: if its loop ended below `last_step` (not preempted), it tells
+    the other workers (`ShutdownChannel.end_early`), logs it and emits `ended_early`.
+
+    Args:
+      global_step: the run's global step variable (read once, in `end`).
+      last_step: `--train_steps`.
+    """
+
+    def __init__(self, channel: ShutdownChannel, global_step, last_step: int,
+                 preempted: threading.Event):
+        self._channel, self._global_step = channel, global_step
+        self._last_step, self._preempted = last_step, preempted
+
+    def end(self, session):
+        if self._preempted.is_set():
+            return
+        try:
+            step = int(session.run(self._global_step,
+                                   options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS)))
+        except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
+            if not peer_unreachable(e):
+                raise
+            logging.warning("chief: could not read the global step at the end: %s", e.message)
+            return
+        if step >= self._last_step:
+            return
+        logging.info("chief: training stopped at global step %d, before --train_steps=%d (a "
+                     "hook requested it, or the input ended); ending the run on every task",
+                     step, self._last_step)
+        events.emit("ended_early", step, train_steps=self._last_step)
+        self._channel.end_early(session)
+
+
+class EndedEarlyHook(v1.train.SessionRunHook):
+    """A non-chief worker's watch for the chief's early end: every `ENDED_EARLY_POLL_SECS`
+    (`due`) one step also fetches the size of ps 0's `ended_early` queue; once it is not
+    empty the worker requests its stop (its loop ends after that step)."""
+
+    def __init__(self, channel: ShutdownChannel, task: Task):
+        self._channel, self._task = channel, task
+        self._checked = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self._checked >= ENDED_EARLY_POLL_SECS
+
+    def before_run(self, run_context):
+        if not self.due():
+            return None
+        self._checked = time.monotonic()
+        return v1.train.SessionRunArgs(self._channel.ended_early)
+
+    def after_run(self, run_context, run_values):
+        if run_values.results:
+            logging.info("%s: the chief ended the run before its last step; stopping",
+                         self._task.name)
+            run_context.request_stop()
 
 
 class WaitForWorkersHook(v1.train.SessionRunHook):

@@ -6,10 +6,11 @@ DNNClassifier, DNNRegressor (`dnn`), LinearClassifier, LinearRegressor
 (`dnn_linear_combined`), BaselineClassifier, BaselineRegressor (`baseline`).
 Heads (`heads`): BinaryClassHead, MultiClassHead, MultiLabelHead,
 RegressionHead, PoissonRegressionHead, LogisticRegressionHead, and `Head`, the
-base a user's head subclasses. Each estimator is an `Estimator` with a
-model_fn of its family: it trains, evaluates, predicts and exports as every
-Estimator here does, locally and on a cluster. Checkpoint names, metric and
-prediction keys and export signatures are 2.15's (tests/fixtures/canned215/).
+base a user's head subclasses; `MultiHead` (`multi_head`) merges named heads.
+Each estimator is an `Estimator` with a model_fn of its family: it trains,
+evaluates, predicts and exports as every Estimator here does, locally and on a
+cluster. Checkpoint names, metric and prediction keys and export signatures
+are 2.15's (tests/fixtures/canned215/).
 """
 
 from lowlevel.estimator.canned.baseline import (
@@ -33,6 +34,7 @@ from lowlevel.estimator.canned.heads import (
     RegressionHead,
 )
 from lowlevel.estimator.canned.linear import LinearClassifier, LinearEstimator, LinearRegressor
+from lowlevel.estimator.canned.multi_head import MultiHead
 from lowlevel.estimator.canned.parsing import (
     classifier_parse_example_spec,
     regressor_parse_example_spec,
@@ -43,6 +45,6 @@ __all__ = [
     "DNNLinearCombinedClassifier", "DNNLinearCombinedRegressor", "LinearClassifier",
     "LinearRegressor", "BaselineEstimator", "DNNEstimator", "DNNLinearCombinedEstimator",
     "LinearEstimator", "BinaryClassHead", "Head", "LogisticRegressionHead", "MultiClassHead",
-    "MultiLabelHead", "PoissonRegressionHead", "RegressionHead",
+    "MultiLabelHead", "PoissonRegressionHead", "RegressionHead", "MultiHead",
     "classifier_parse_example_spec", "regressor_parse_example_spec",
 ]

@@ -40,8 +40,6 @@ def baseline_model_fn(features, labels, mode, head, optimizer, weight_column=Non
         bias = v1.get_variable("bias", [head.logits_dimension], tf.float32,
                                v1.zeros_initializer())
         logits = tf.tile(bias[None, :], [_batch_size(features, weight_column), 1])
-    for i in range(head.logits_dimension):
-        v1.summary.scalar(f"bias_{i}" if head.logits_dimension > 1 else "bias", bias[i])
     opt = optimizers.get_optimizer_instance(optimizer, LEARNING_RATE) \
         if mode == ModeKeys.TRAIN else None
     return head.create_estimator_spec(features=features, mode=mode, labels=labels,

@@ -106,9 +106,12 @@ def activation(fn):
     return found
 
 
-def _summary(net, scope):
-    v1.summary.scalar(f"{scope}/fraction_of_zero_values", tf.math.zero_fraction(net))
-    v1.summary.histogram(f"{scope}/activation", net)
+def layer_summary(net, scope):
+    """2.15's tags `<scope>/fraction_of_zero_values` and `<scope>/activation` (`scope`: the
+    layer's full variable scope name, "dnn/hiddenlayer_0"), whatever name scope is open."""
+    with v1.name_scope(None):
+        v1.summary.scalar(f"{scope}/fraction_of_zero_values", tf.math.zero_fraction(net))
+        v1.summary.histogram(f"{scope}/activation", net)
 
 
 def dnn_logits(features, feature_columns, hidden_units, units, activation_fn=tf.nn.relu,
@@ -123,10 +126,10 @@ def dnn_logits(features, feature_columns, hidden_units, units, activation_fn=tf.
                 net = tf.nn.dropout(net, rate=dropout)
             if batch_norm:
                 net = _batch_norm(net, i, training)
-        _summary(net, scope.name)
+        layer_summary(net, scope.name)
     with v1.variable_scope("logits") as scope:
         logits = _dense(net, units)
-    _summary(logits, scope.name)
+    layer_summary(logits, scope.name)
     return logits
 
 

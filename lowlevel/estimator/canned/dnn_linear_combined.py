@@ -38,6 +38,7 @@ def _logits(features, mode, head, config, linear, dnn):
             if part == "linear":
                 total.append(linear_lib.linear_logits(features, columns, head.logits_dimension,
                                                       linear["sparse_combiner"]))
+                dnn_lib.layer_summary(total[-1], "linear")  # 2.15's `_add_layer_summary`
             else:
                 if not dnn["hidden_units"]:  # 2.15 checks this when the model is built
                     raise ValueError("dnn_hidden_units must be defined when "

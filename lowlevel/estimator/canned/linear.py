@@ -18,7 +18,7 @@ import math
 import tensorflow as tf
 
 from lowlevel.estimator.canned import heads as heads_lib
-from lowlevel.estimator.canned import optimizers
+from lowlevel.estimator.canned import optimizers, sdca
 from lowlevel.estimator.canned.dnn import check_features, input_partitioner
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.models.spec import ModeKeys
@@ -40,18 +40,35 @@ def linear_logits(features, feature_columns, units, sparse_combiner="sum"):
         raise ValueError("feature_columns must not be empty.")
     logits = v1.feature_column.linear_model(features, list(feature_columns), units=units,
                                             sparse_combiner=sparse_combiner)
-    bias = [v for v in v1.get_collection(v1.GraphKeys.GLOBAL_VARIABLES,
-                                         v1.get_variable_scope().name)
-            if v.op.name.endswith("linear_model/bias_weights")]
-    for b in bias[:1]:
-        for i in range(units):
-            v1.summary.scalar(f"bias_{i}" if units > 1 else "bias", b[i])
+    variables = v1.get_collection(v1.GraphKeys.GLOBAL_VARIABLES,
+                                  v1.get_variable_scope().name + "/")
+    bias = [v for v in variables if v.op.name.endswith("linear_model/bias_weights")][:1]
+    with v1.name_scope(None):  # 2.15's root tags "bias" and "fraction_of_zero_weights"
+        for b in bias:
+            if units > 1:
+                v1.summary.histogram("bias", b)
+            else:
+                v1.summary.scalar("bias", b[0])
+        v1.summary.scalar("fraction_of_zero_weights", fraction_of_zero(variables))
     return logits
+
+
+def fraction_of_zero(variables) -> tf.Tensor:
+    """float32 scalar: the fraction of the elements of `variables` that are 0 (2.15's
+    `linear._compute_fraction_of_zero`, its `fraction_of_zero_weights` summary)."""
+    with v1.name_scope("zero_fraction"):
+        sizes = [tf.cast(tf.size(v, out_type=tf.int64), tf.float32) for v in variables]
+        zeros = [tf.math.zero_fraction(v) * size for v, size in zip(variables, sizes)]
+        return tf.math.divide_no_nan(tf.add_n(zeros), tf.add_n(sizes))
 
 
 def linear_model_fn(features, labels, mode, head, feature_columns, optimizer, config,
                     sparse_combiner="sum"):
-    """2.15's `_linear_model_fn_v2`: the linear model's EstimatorSpec through `head`."""
+    """2.15's `_linear_model_fn_v2`: the linear model's EstimatorSpec through `head` (a
+    `LinearSDCA` optimizer: 2.15's `_sdca_model_fn`, `canned.sdca`)."""
+    if isinstance(optimizer, sdca.LinearSDCA):
+        return sdca.sdca_model_fn(check_features(features), labels, mode, head,
+                                  feature_columns, optimizer)
     with v1.variable_scope("linear", values=tuple(check_features(features).values()),
                            use_resource=True,
                            partitioner=input_partitioner(config)):
@@ -85,6 +102,7 @@ class LinearClassifier(LinearEstimator):
     def __init__(self, feature_columns, model_dir=None, n_classes=2, weight_column=None,
                  label_vocabulary=None, optimizer="Ftrl", config=None, warm_start_from=None,
                  loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE, sparse_combiner="sum"):
+        sdca.check_estimator(optimizer, feature_columns, sparse_combiner, n_classes=n_classes)
         head = heads_lib.binary_or_multi_class_head(n_classes, weight_column,
                                                     label_vocabulary, loss_reduction)
         super().__init__(head, feature_columns, model_dir=model_dir, optimizer=optimizer,
@@ -98,6 +116,8 @@ class LinearRegressor(LinearEstimator):
     def __init__(self, feature_columns, model_dir=None, label_dimension=1,
                  weight_column=None, optimizer="Ftrl", config=None, warm_start_from=None,
                  loss_reduction=heads_lib.SUM_OVER_BATCH_SIZE, sparse_combiner="sum"):
+        sdca.check_estimator(optimizer, feature_columns, sparse_combiner,
+                             label_dimension=label_dimension)
         head = heads_lib.RegressionHead(label_dimension, weight_column,
                                         loss_reduction=loss_reduction)
         super().__init__(head, feature_columns, model_dir=model_dir, optimizer=optimizer,

@@ -62,6 +62,9 @@ class KerasNamedOptimizer(v1.train.Optimizer):
             raise ValueError(f"{self.NAME}: decay={self._values['decay']} is not supported "
                              "(Keras' time decay); give a learning rate schedule instead")
         self._hyper, self._read = None, {}
+        # The root name scope of its variables: "training", as 2.15's Keras optimizers in a
+        # canned estimator; `MultiHead` sets "training_<n>", as 2.15's took after n heads.
+        self.scope_prefix = "training"
 
     def slots(self) -> tuple:
         return ()
@@ -70,7 +73,7 @@ class KerasNamedOptimizer(v1.train.Optimizer):
         return dict(self._values, name=self._name)
 
     def _scope(self, suffix=""):
-        return v1.name_scope(f"training/{self._name}/{suffix}")  # absolute: ends with "/"
+        return v1.name_scope(f"{self.scope_prefix}/{self._name}/{suffix}")  # absolute: "/"
 
     def _create_hypers(self):
         if self._hyper is None:
@@ -91,7 +94,7 @@ class KerasNamedOptimizer(v1.train.Optimizer):
                     shape, dtype = var.get_shape(), var.dtype.base_dtype
                     made = v1.Variable(lambda: Filled(initial)(shape, dtype), name=slot,
                                        trainable=False, use_resource=True, dtype=dtype)
-                _slice_like(made, var, f"training/{self._name}", slot)
+                _slice_like(made, var, f"{self.scope_prefix}/{self._name}", slot)
                 self._slot_dict(slot)[_var_key(var)] = made
 
     def _prepare(self):
