@@ -159,13 +159,14 @@ def test_a_canned_wide_and_deep_script_runs_as_a_cluster_and_every_task_exits_0(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("hook", ["lower", "predicate"])
-def test_an_early_stop_ends_every_task_with_status_0(hook, ports, tmp_path):
+@pytest.mark.parametrize("hook,sync", [("lower", False), ("predicate", False), ("lower", True)])
+def test_an_early_stop_ends_every_task_with_status_0(hook, sync, ports, tmp_path):
     """tensorflow_estimator 2.15 stopped only the chief and the worker (its ps and evaluator
     still ran 90 s later: docs/estimator.md, "Early stopping"); here the chief's stop, by
-    2.15's `stop_if_lower_hook` or a `make_early_stopping_hook` predicate, ends all four."""
+    2.15's `stop_if_lower_hook` or a `make_early_stopping_hook` predicate, ends all four,
+    also when they train synchronously (`LOWLEVEL_SYNC=1`: the worker waits in its step)."""
     _, model_dir, procs = _cluster(ports, tmp_path, f"--hook={hook}", "--max_steps=100000",
-                                   script=EARLY)
+                                   script=EARLY, env={"LOWLEVEL_SYNC": "1"} if sync else None)
     done = clusters.wait_all(procs, 240)
     logs = {n: (tmp_path / f"{n}.log").read_text() for n in done}
     assert {n: s for n, (s, _) in done.items()} == {n: 0 for n in done}, \
@@ -179,7 +180,9 @@ def test_an_early_stop_ends_every_task_with_status_0(hook, ports, tmp_path):
     assert tf.train.load_variable(str(model_dir), "signal_early_stopping/STOP")
     assert _eval_steps(model_dir, "loss")[-1] == final  # the final checkpoint, evaluated
     assert "Requesting early stopping at global step" in logs["chief0"]
-    assert "the chief ended the run before its last step; stopping" in logs["worker0"]
+    if not sync:  # (a sync worker's wait for a token ends instead: the queue is closed)
+        assert "the chief ended the run before its last step; stopping" in logs["worker0"]
+    assert f"worker0: training done at global step {final} " in logs["worker0"]
     assert "the chief signalled the end of training" in logs["ps0"]
     assert "Exiting evaluation: training ended at global_step=%d" % final in logs["evaluator0"]
     assert clusters.leftovers(model_dir) == []

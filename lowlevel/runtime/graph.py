@@ -289,8 +289,8 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
     `extra`: a model_fn's own hooks, run with the training hooks (before the
     chief's summaries and checkpoint). `may_end_early`: the chief may stop before
     `--train_steps` (a model_fn's hook, its input's end): the run then ends on every
-    task ("A run ended early" in `shutdown`; not in sync mode, whose workers wait in
-    the step). The built-in models never do, and their workers skip the watch.
+    task ("A run ended early" in `shutdown`; exact and sync modes). The built-in
+    models never do, and their workers skip the watch.
     """
     channel = shutdown.ShutdownChannel(cluster.num_ps) if cluster else None
     training = [progress, *extra]
@@ -323,5 +323,5 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
     return shutdown.end_of_training_hooks(
         task, cluster, channel, training, checkpoint=checkpoint, final_eval=final_eval,
         timeout_secs=config.shutdown_timeout_secs, preempted=preempted,
-        global_step=global_step if may_end_early and not mode.sync else None,
-        last_step=config.train_steps)
+        global_step=global_step if may_end_early and not mode.local else None,
+        last_step=config.train_steps, sync=mode.sync or step.sync_optimizer is not None)

@@ -265,11 +265,11 @@ def _assemble(config, model, cluster, task, graph, spec, step, global_step, made
                                          config.train_steps, config.log_every_secs, steps,
                                          config.output_dir if task.is_chief else None,
                                          config.warmup_steps, batch_size)
-    step_ops = graph_lib.Step(spec.loss, None, step, sync_optimizer=made.runtime_sync)
+    step_ops = graph_lib.Step(spec.loss, None, step, sync_optimizer=sync)
     run_hooks = graph_lib.session_hooks(config, mode, cluster, task, step_ops, global_step,
                                         scaffold, steps, progress, None, preempted,
                                         extra=made.sync_hooks + model_hooks,
-                                        may_end_early=sync is None)
+                                        may_end_early=True)
     return graph_lib.TrainGraph(graph, step, None, spec.loss, global_step, scaffold, run_hooks,
                                 progress, None, examples_per_step, steps, saved,
                                 optimizer_names)

@@ -50,7 +50,9 @@ enqueues one element on ps 0's `lowlevel/ended_early` queue. Each non-chief
 worker looks at that queue's size every `ENDED_EARLY_POLL_SECS` (`EndedEarlyHook`,
 one 4-byte fetch through the hooks), stops at its next step once it is not empty,
 and goes on with step 2; steps 3-8 follow as above. Every task exits 0, and the
-final checkpoint (below `--train_steps`) holds every worker's last update.
+final checkpoint (below `--train_steps`) holds every worker's last update. In a
+sync run the chief also closes the sync token queue, which ends the wait of a
+worker inside its step.
 
 When `preempted` is set (SIGTERM/SIGINT), steps 2, 3, 6 and 7 do nothing:
 the task will be back and the run is not over; the chief's checkpoint
@@ -96,7 +98,8 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
                           final_eval: Optional[v1.train.SessionRunHook] = None,
                           timeout_secs: float = 60.0,
                           preempted: Optional[threading.Event] = None,
-                          global_step=None, last_step: Optional[int] = None) -> list:
+                          global_step=None, last_step: Optional[int] = None,
+                          sync: bool = False) -> list:
     """The task's hooks, in the order that is the end-of-training protocol.
 
     The order is the protocol above: see the module docstring, steps 1-8.
@@ -114,6 +117,8 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
       global_step, last_step: the run's global step variable and `--train_steps`;
         given both, a run the chief ends before `last_step` ends on every task
         ("A run ended early" above).
+      sync: the run trains through a `SyncReplicasOptimizer` (its token queue is
+        closed at an early end).
 
     Returns:
       The hooks for `MonitoredSession`, in order.
@@ -127,7 +132,8 @@ def end_of_training_hooks(task: Task, cluster: Optional[Cluster],
         watch = [EndedEarlyHook(channel, task)] if early else []
         return watch + training + [ReportDoneHook(channel, task, preempted)]
     others = _other_workers(cluster)
-    end_early = [EndEarlyHook(channel, global_step, last_step, preempted)] if early else []
+    end_early = [EndEarlyHook(channel, global_step, last_step, preempted, sync)] if early \
+        else []
     return (end_early + [WaitForWorkersHook(channel, others, timeout_secs, preempted)] +
             training +
             [h for h in (checkpoint, final_eval) if h is not None] +
@@ -276,15 +282,29 @@ class EndEarlyHook(v1.train.SessionRunHook):
     """The chief's early end: if its loop ended below `last_step` (not preempted), it tells
     the other workers (`ShutdownChannel.end_early`), logs it and emits `ended_early`.
 
+    In a sync run the other workers wait inside their step for a token the chief's sync
+    loop will no longer give: the hook also closes `SyncReplicasOptimizer`'s token queue
+    (shared by its name, "sync_token_q", beside global_step), so that wait ends with
+    `OutOfRangeError`, which ends a worker's loop as a run's last step does (`loop.run`).
+
     Args:
       global_step: the run's global step variable (read once, in `end`).
       last_step: `--train_steps`.
+      sync: the run trains through a `SyncReplicasOptimizer`.
     """
 
     def __init__(self, channel: ShutdownChannel, global_step, last_step: int,
-                 preempted: threading.Event):
+                 preempted: threading.Event, sync: bool = False):
         self._channel, self._global_step = channel, global_step
         self._last_step, self._preempted = last_step, preempted
+        self._sync, self._close_tokens = sync, None
+
+    def begin(self):
+        if self._sync:
+            with v1.device(self._global_step.device), v1.name_scope(None):
+                tokens = v1.FIFOQueue(-1, self._global_step.dtype.base_dtype, shapes=(),
+                                      shared_name="sync_token_q", name="end_early_token_q")
+                self._close_tokens = tokens.close(cancel_pending_enqueues=True)
 
     def end(self, session):
         if self._preempted.is_set():
@@ -304,6 +324,9 @@ class EndEarlyHook(v1.train.SessionRunHook):
                      step, self._last_step)
         events.emit("ended_early", step, train_steps=self._last_step)
         self._channel.end_early(session)
+        if self._close_tokens is not None:
+            session.run(self._close_tokens,
+                        options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
 
 
 class EndedEarlyHook(v1.train.SessionRunHook):
