@@ -25,7 +25,7 @@ from lowlevel.models import run_config as run_config_lib
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.outputs import serving
+from lowlevel.outputs import all_modes_export, serving
 from lowlevel.runtime import model_evaluation, model_training, prediction
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
@@ -244,6 +244,17 @@ class Estimator:
             self._model(), export_dir_base, serving_input_receiver_fn, assets_extra=assets_extra,
             as_text=as_text, checkpoint_path=checkpoint_path, strip_default_attrs=True,
             mode=experimental_mode)
+
+    def experimental_export_all_saved_models(self, export_dir_base, input_receiver_fn_map,
+                                             assets_extra=None, as_text=False,
+                                             checkpoint_path=None):
+        """One SavedModel with a MetaGraphDef per mode of {ModeKeys: receiver fn} (2.15's).
+
+        Returns the directory (bytes). See `lowlevel.outputs.all_modes_export`.
+        """
+        return all_modes_export.export_all_saved_models(
+            self._model(), export_dir_base, input_receiver_fn_map, assets_extra=assets_extra,
+            as_text=as_text, checkpoint_path=checkpoint_path)
 
     def export_savedmodel(self, export_dir_base, serving_input_receiver_fn, assets_extra=None,
                           as_text=False, checkpoint_path=None, strip_default_attrs=False):

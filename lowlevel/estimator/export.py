@@ -1,6 +1,6 @@
 """`tf.estimator.export`: serving outputs and serving input receivers (2.15's names).
 
-PredictOutput, ClassificationOutput, RegressionOutput, ExportOutput
+PredictOutput, ClassificationOutput, RegressionOutput, ExportOutput, EvalOutput
 (`lowlevel.models.export_outputs`); ServingInputReceiver,
 TensorServingInputReceiver, SupervisedInputReceiver,
 build_raw_serving_input_receiver_fn, build_parsing_serving_input_receiver_fn
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from lowlevel.models.export_outputs import (
                                             ClassificationOutput,
+                                            EvalOutput,
                                             ExportOutput,
                                             PredictOutput,
                                             RegressionOutput,
@@ -23,6 +24,7 @@ from lowlevel.outputs.serving import (
                                             build_raw_serving_input_receiver_fn,
 )
 
-__all__ = ["ClassificationOutput", "ExportOutput", "PredictOutput", "RegressionOutput",
+__all__ = ["ClassificationOutput", "EvalOutput", "ExportOutput", "PredictOutput",
+           "RegressionOutput",
            "ServingInputReceiver", "SupervisedInputReceiver", "TensorServingInputReceiver",
            "build_parsing_serving_input_receiver_fn", "build_raw_serving_input_receiver_fn"]

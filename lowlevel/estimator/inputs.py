@@ -35,7 +35,12 @@ import collections
 import numpy as np
 import tensorflow as tf
 
-from lowlevel.models.input_fns import call_input_fn, features_and_labels  # noqa: F401
+from lowlevel.estimator.pandas_io import pandas_input_fn  # noqa: F401 (v1's inputs)
+from lowlevel.models.input_fns import (  # noqa: F401
+    call_input_fn,
+    features_and_labels,
+    index_batches,
+)
 
 _DIRECT_KEY = "__direct_np_input__"
 _TARGET_KEY = "__target_key__"
@@ -93,22 +98,6 @@ def _check_lengths(data, feature_keys, target_keys, y):
                          shapes_x, shape_y))
 
 
-def _index_batches(rows, batch_size, num_epochs, shuffle):
-    """Yields arrays of row indices: epochs concatenated, cut into batches."""
-    rng = np.random.default_rng()
-    pending = np.zeros([0], np.int64)
-    epoch = 0
-    while num_epochs is None or epoch < num_epochs:
-        order = rng.permutation(rows) if shuffle else np.arange(rows)
-        pending = np.concatenate([pending, order])
-        epoch += 1
-        while len(pending) >= batch_size:
-            yield pending[:batch_size]
-            pending = pending[batch_size:]
-    if len(pending):
-        yield pending
-
-
 def _dtype(array):
     return tf.string if array.dtype.kind in "SUO" else tf.as_dtype(array.dtype)
 
@@ -119,7 +108,7 @@ def _dataset(data, batch_size, epochs, shuffle):
     signature = tuple(tf.TensorSpec([None] + list(a.shape[1:]), _dtype(a)) for a in arrays)
 
     def generate():
-        for index in _index_batches(rows, batch_size, epochs, shuffle):
+        for index in index_batches(rows, batch_size, epochs, shuffle):
             yield tuple(a[index] for a in arrays)
     return tf.data.Dataset.from_generator(generate, output_signature=signature)
 

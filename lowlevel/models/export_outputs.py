@@ -14,6 +14,10 @@ on TensorFlow 2.21's public `tf.compat.v1.saved_model.*_signature_def`:
   2.15 does).
 - `RegressionOutput(value)`: float value -> `tensorflow/serving/regress`,
   input `inputs`, output `outputs`; same receiver rule.
+- `EvalOutput` / `TrainOutput(loss=None, predictions=None, metrics=None)`:
+  methods `tensorflow/supervised/eval` / `.../training`, outputs "loss/...",
+  "predictions/...", "metrics/<key>/value|update_op" (not servable:
+  `build_all_signature_defs(serving_only=True)` drops them).
 
 `get_export_outputs` adds the default `serving_default` signature and
 `build_all_signature_defs` turns a receiver and outputs into the map that
@@ -25,6 +29,8 @@ from __future__ import annotations
 import abc
 
 import tensorflow as tf
+
+from lowlevel.models import keras_metrics
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
@@ -174,6 +180,104 @@ class PredictOutput(ExportOutput):
     def as_signature_def(self, receiver_tensors):
         """`tensorflow/serving/predict`: inputs = receiver tensors, outputs = `outputs`."""
         return tf.compat.v1.saved_model.predict_signature_def(receiver_tensors, self.outputs)
+
+
+class _SupervisedOutput(ExportOutput):
+    """Loss, predictions and metrics of a TRAIN or EVAL graph (TensorFlow 2.15's export_output).
+
+    loss, predictions: a Tensor or dict of them, keys prefixed "loss/" and
+    "predictions/" (unless they start so); metrics: a (value, update_op)
+    tuple, a Keras metric object (Keras 2 or 3, `keras_metrics`) or a dict of
+    them -> "metrics/<key>/value" and "metrics/<key>/update_op" (an Operation
+    wrapped in an empty float32 constant run after it). ValueError with 2.15's
+    messages for a non-string key or a non-Tensor value or update_op.
+    """
+
+    LOSS_NAME = "loss"
+    PREDICTIONS_NAME = "predictions"
+    METRICS_NAME = "metrics"
+    METRIC_VALUE_SUFFIX = "value"
+    METRIC_UPDATE_SUFFIX = "update_op"
+    _METHOD_NAME = None
+
+    def __init__(self, loss=None, predictions=None, metrics=None):
+        self._loss = self._predictions = self._metrics = None
+        if loss is not None:
+            self._loss = self._prefixed(self._wrap_and_check_outputs(loss, self.LOSS_NAME),
+                                        self.LOSS_NAME)
+        if predictions is not None:
+            self._predictions = self._prefixed(
+                self._wrap_and_check_outputs(predictions, self.PREDICTIONS_NAME),
+                self.PREDICTIONS_NAME)
+        if metrics is not None:
+            self._metrics = self._wrap_and_check_metrics(metrics)
+
+    def _prefix_key(self, key, output_name):
+        return key if key.find(output_name) == 0 else output_name + _SEPARATOR + key
+
+    def _prefixed(self, outputs, output_name):
+        return {self._prefix_key(k, output_name): v for k, v in outputs.items()}
+
+    def _wrap_and_check_metrics(self, metrics):
+        if not isinstance(metrics, dict):
+            metrics = {self.METRICS_NAME: metrics}
+        outputs = {}
+        for key, value in metrics.items():
+            value_tensor, update = (value if isinstance(value, tuple)
+                                    else keras_metrics.as_metric_op(value))
+            key = self._prefix_key(self._check_output_key(key, self.METRICS_NAME),
+                                   self.METRICS_NAME)
+            if not _is_tensor(value_tensor):
+                raise ValueError(f"{key} output value must be a Tensor; got {value_tensor}.")
+            if not isinstance(update, (tf.Tensor, tf.Operation, tf.Variable)):
+                raise ValueError(f"{key} update_op must be a Tensor or Operation; got {update}.")
+            if not isinstance(update, tf.Tensor):
+                with tf.control_dependencies([update]):
+                    update = tf.constant([], name="metric_op_wrapper")
+            outputs[key + _SEPARATOR + self.METRIC_VALUE_SUFFIX] = value_tensor
+            outputs[key + _SEPARATOR + self.METRIC_UPDATE_SUFFIX] = update
+        return outputs
+
+    @property
+    def loss(self):
+        """{"loss/...": Tensor} or None."""
+        return self._loss
+
+    @property
+    def predictions(self):
+        """{"predictions/...": Tensor} or None."""
+        return self._predictions
+
+    @property
+    def metrics(self):
+        """{"metrics/<key>/value" and ".../update_op": Tensor} or None."""
+        return self._metrics
+
+    def as_signature_def(self, receiver_tensors):
+        """A SignatureDef of method `_METHOD_NAME`: inputs = receiver tensors, outputs = all.
+
+        Raises ValueError "<method> `inputs` cannot be None or empty." for no inputs.
+        """
+        if not receiver_tensors:
+            raise ValueError(f"{self._METHOD_NAME} `inputs` cannot be None or empty.")
+        info = tf.compat.v1.saved_model.build_tensor_info
+        outputs = {}
+        for group in (self.loss, self.predictions, self.metrics):
+            outputs.update({k: info(t) for k, t in (group or {}).items()})
+        return tf.compat.v1.saved_model.build_signature_def(
+            {k: info(t) for k, t in receiver_tensors.items()}, outputs, self._METHOD_NAME)
+
+
+class TrainOutput(_SupervisedOutput):
+    """The outputs of a TRAIN graph: method `tensorflow/supervised/training` (not served)."""
+
+    _METHOD_NAME = "tensorflow/supervised/training"
+
+
+class EvalOutput(_SupervisedOutput):
+    """The outputs of an EVAL graph: method `tensorflow/supervised/eval` (not served)."""
+
+    _METHOD_NAME = "tensorflow/supervised/eval"
 
 
 def get_export_outputs(export_outputs, predictions):

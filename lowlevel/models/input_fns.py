@@ -12,9 +12,10 @@ labels are None.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
-from lowlevel.models.spec import fn_args
+from lowlevel.models.spec import fn_args, named_kwargs
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
@@ -44,13 +45,7 @@ def call_input_fn(input_fn, mode, params, config, input_context=None):
     passed only when given and named.
     """
     names = fn_args(input_fn)
-    kwargs = {}
-    if "mode" in names:
-        kwargs["mode"] = mode
-    if "params" in names:
-        kwargs["params"] = params
-    if "config" in names:
-        kwargs["config"] = config
+    kwargs = named_kwargs(input_fn, mode=mode, params=params, config=config)
     if input_context is not None and "input_context" in names:
         logging.info("The `input_fn` accepts an `input_context` which will be given by "
                      "DistributionStrategy")
@@ -98,3 +93,21 @@ def has_dataset_or_queue_runner(features) -> bool:
         return True
     return bool(tf.compat.v1.get_default_graph().get_collection(
         tf.compat.v1.GraphKeys.QUEUE_RUNNERS))
+
+
+def index_batches(rows, batch_size, num_epochs, shuffle):
+    """Yields int64 arrays of row indices `[batch_size]` (the last may be shorter): epochs of
+    `range(rows)` (each permuted when `shuffle`) concatenated, cut into batches; `num_epochs`
+    None: without end. As 2.15's numpy_input_fn and pandas_input_fn batch across epochs."""
+    rng = np.random.default_rng()
+    pending = np.zeros([0], np.int64)
+    epoch = 0
+    while num_epochs is None or epoch < num_epochs:
+        order = rng.permutation(rows) if shuffle else np.arange(rows)
+        pending = np.concatenate([pending, order])
+        epoch += 1
+        while len(pending) >= batch_size:
+            yield pending[:batch_size]
+            pending = pending[batch_size:]
+    if len(pending):
+        yield pending

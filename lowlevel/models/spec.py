@@ -25,6 +25,7 @@ import inspect
 import tensorflow as tf
 
 from lowlevel.models import export_outputs as export_outputs_lib
+from lowlevel.models import keras_metrics
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
@@ -64,6 +65,13 @@ def fn_args(fn) -> tuple:
     if inspect.ismethod(fn) and args:
         args.pop(0)
     return tuple(args)
+
+
+def named_kwargs(fn, **candidates) -> dict:
+    """The `candidates` whose names `fn` takes (`fn_args`): how 2.15 passed a model_fn's,
+    input_fn's or logit_fn's optional `mode`, `params` and `config`."""
+    names = fn_args(fn)
+    return {k: v for k, v in candidates.items() if k in names}
 
 
 def _in_default_graph(value) -> bool:
@@ -134,8 +142,7 @@ def _validate_hooks(hooks):
 
 
 def _is_keras_metric(value) -> bool:
-    return not isinstance(value, tuple) and hasattr(value, "update_state") and \
-        hasattr(value, "result")
+    return keras_metrics.is_keras_metric(value)
 
 
 def _check_metric_shapes(eval_metric_ops):
@@ -143,7 +150,7 @@ def _check_metric_shapes(eval_metric_ops):
         raise TypeError(f"eval_metric_ops must be a dict, given: {eval_metric_ops}")
     for key, value in eval_metric_ops.items():
         if _is_keras_metric(value):
-            if not getattr(value, "updates", None):
+            if not keras_metrics.update_ops(value):
                 raise ValueError(
                     f'Please call update_state(...) on the "{value.name}" metric')
         elif not isinstance(value, tuple) or len(value) != 2:
@@ -158,7 +165,7 @@ def _validate_eval_metric_ops(eval_metric_ops):
     _check_metric_shapes(eval_metric_ops)
     for key, value in list(eval_metric_ops.items()):
         if _is_keras_metric(value):
-            to_check = list(value.updates) + [value.result()]
+            to_check = keras_metrics.update_ops(value) + [value.result()]
         else:
             to_check = tf.nest.flatten(value)
         for item in to_check:
@@ -167,13 +174,7 @@ def _validate_eval_metric_ops(eval_metric_ops):
                     "eval_metric_ops", f"{key}: {item.name}"))
     for key, value in list(eval_metric_ops.items()):
         if _is_keras_metric(value):
-            for collection in (tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
-                               tf.compat.v1.GraphKeys.METRIC_VARIABLES):
-                present = set(map(id, tf.compat.v1.get_collection(collection)))
-                for variable in value.variables:
-                    if id(variable) not in present:
-                        tf.compat.v1.add_to_collection(collection, variable)
-            eval_metric_ops[key] = (value.result(), value.updates[0])
+            eval_metric_ops[key] = keras_metrics.as_metric_op(value)  # Keras 2 or 3
     return eval_metric_ops
 
 
@@ -265,12 +266,7 @@ def call_model_fn(model_fn, features, labels, mode, params, config) -> Estimator
         kwargs["labels"] = labels
     elif labels is not None:
         raise ValueError("model_fn does not take labels, but input_fn returns labels.")
-    if "mode" in names:
-        kwargs["mode"] = mode
-    if "params" in names:
-        kwargs["params"] = params
-    if "config" in names:
-        kwargs["config"] = config
+    kwargs.update(named_kwargs(model_fn, mode=mode, params=params, config=config))
     logging.info("Calling model_fn.")
     result = model_fn(features=features, **kwargs)
     logging.info("Done calling model_fn.")

@@ -13,14 +13,20 @@ shapes are 2.15's (tests/fixtures/canned215/heads.json, captured from the real
   `probabilities` (sigmoid), `classes` (every class's name, string [B, n]); RegressionHead
   `predictions` [B, label_dimension] (and `logits` with an inverse link:
   PoissonRegressionHead exp, LogisticRegressionHead sigmoid).
-- eval metrics: binary `accuracy`, `accuracy_baseline`, `auc`,
-  `auc_precision_recall`, `average_loss`, `label/mean`, `precision`,
-  `prediction/mean`, `recall` (AUCs over 200 thresholds; ROC by trapezoids,
-  PR by Davis & Goadrich's interpolation, as Keras' `AUC`); multi-class
-  `accuracy`, `average_loss`; multi-label `auc`, `auc_precision_recall`,
-  `average_loss`; regression `average_loss`, `label/mean`, `prediction/mean`;
-  `loss` (the mean over batches of the regularized loss) is added by the
-  Estimator.
+- eval metrics (`metrics()` makes the metric objects of
+  `canned.head_metrics`, `update_metrics()` updates them; EVAL's
+  `eval_metric_ops` are those, as 2.15's): binary `average_loss`, `accuracy`,
+  `precision`, `recall`, `prediction/mean`, `label/mean`, `accuracy_baseline`,
+  `auc`, `auc_precision_recall` (Keras' AUC: 200 thresholds, ROC by trapezoids,
+  PR by Davis & Goadrich's interpolation) and per threshold
+  `accuracy|precision|recall/positive_threshold_<t>`; multi-class `average_loss`,
+  `accuracy`; multi-label `average_loss`, `auc`, `auc_precision_recall`, the
+  threshold ones and per class in `classes_for_class_based_metrics`
+  `probability_mean|auc|auc_precision_recall/class<i>` (or `/<vocabulary name>`);
+  regression `average_loss`, `prediction/mean`, `label/mean`; every head
+  `regularization_loss` when regularization losses are given; keys suffixed
+  `/<name>` for a named head. `loss` (the mean over batches of the regularized
+  loss) is added by the Estimator.
 - export outputs: classification heads `serving_default` and `classification`
   (`ClassificationOutput(scores=probabilities, classes=all_classes)`),
   binary also `regression` (the logistic); regression heads
@@ -36,23 +42,27 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from lowlevel.estimator.canned import head_metrics as hm
 from lowlevel.models import export_outputs as outputs
 from lowlevel.models.spec import EstimatorSpec, ModeKeys
 
 v1 = tf.compat.v1
 SUM_OVER_BATCH_SIZE, SUM = "sum_over_batch_size", "sum"
 _REDUCTIONS = (SUM_OVER_BATCH_SIZE, SUM)  # 2.15's heads take these two (errors.json)
-_THRESHOLDS = 200  # Keras AUC's and tf.compat.v1.metrics.auc's default
+LOSS_REGULARIZATION = "regularization_loss"  # 2.15's MetricKeys.LOSS_REGULARIZATION
 
 
 class Head:
     """The base of every head; a user's subclass implements the abstract parts.
 
-    Subclasses set `name` (str or None: metric and summary keys get a
-    "name/" prefix... as 2.15 suffixes them), `logits_dimension` (int) and
+    Subclasses set `name` (str or None: metric and summary keys get a "/name"
+    suffix, as 2.15's `_summary_key`), `logits_dimension` (int) and
     `loss_reduction`, and implement `_unweighted_loss(labels, logits)` (float
-    `[B, 1]`), `predictions(logits)`, `_eval_metrics(...)` and
-    `_export_outputs(predictions)`.
+    `[B, 1]`), `predictions(logits)`, `metrics(regularization_losses=None)`,
+    `update_metrics(eval_metrics, features, logits, labels,
+    regularization_losses=None)` and `_export_outputs(predictions)`; or override
+    `create_estimator_spec` itself. As tensorflow_estimator 2.15's base_head.py,
+    EVAL's `eval_metric_ops` are `update_metrics(metrics(...), ...)`.
     """
 
     name = None
@@ -67,13 +77,28 @@ class Head:
         raise NotImplementedError
 
     def predictions(self, logits, keys=None):
-        raise NotImplementedError
+        """{prediction key: Tensor} from logits (abstract: NotImplementedError here)."""
+        raise NotImplementedError("Calling an abstract method.")
 
-    def _eval_metrics(self, labels, predictions, unweighted, weights):
-        raise NotImplementedError
+    def metrics(self, regularization_losses=None):
+        """{metric key (str): metric object} for EVAL, not yet updated (abstract, as
+        2.15's `Head.metrics`: NotImplementedError here). The heads here return
+        `canned.head_metrics` objects (Keras-metric interface, graph mode)."""
+        raise NotImplementedError("Calling an abstract method.")
+
+    def update_metrics(self, eval_metrics, features, logits, labels, mode=None,
+                       regularization_losses=None):
+        """Updates `eval_metrics` (a dict from `metrics()`) with a batch's logits and
+        labels and returns the updated dict (abstract, as 2.15's
+        `Head.update_metrics`: NotImplementedError here; `mode` is unused)."""
+        raise NotImplementedError("Calling an abstract method.")
 
     def _export_outputs(self, predictions):
         raise NotImplementedError
+
+    def _summary_key(self, key):
+        """2.15's: `key/name` for a named head, else `key`."""
+        return f"{key}/{self.name}" if self.name else key
 
     def _weights(self, features, logits):
         if self.weight_column is None:
@@ -89,6 +114,12 @@ class Head:
         if self.loss_reduction == SUM:
             return tf.reduce_sum(weighted)
         return tf.reduce_sum(weighted) / tf.cast(tf.size(weighted), tf.float32)
+
+    def _loss_parts(self, features, logits, labels):
+        """(processed labels, unweighted loss `[B, ...]`, weights float32 `[B, 1]`)."""
+        labels = self._labels(labels)
+        return labels, self._unweighted_loss(labels, logits), \
+            self._weights(features or {}, logits)
 
     def loss(self, labels, logits, features=None, mode=None, regularization_losses=None):
         """The regularized training loss: float32 scalar."""
@@ -108,6 +139,9 @@ class Head:
         regularized loss over `trainable_variables` (default: the trainable
         variables) with the global step, or `train_op_fn(loss)` makes the op;
         ValueError if both or neither are given. `update_ops` run with it.
+        EVAL: `eval_metric_ops` = `update_metrics(metrics(reg), features, logits,
+        labels, regularization_losses=reg)`, reg being `regularization_losses`
+        (None when empty). ValueError when labels are missing in TRAIN or EVAL.
         """
         logits = tf.convert_to_tensor(logits)
         predictions = self.predictions(logits)
@@ -119,18 +153,27 @@ class Head:
                              "troubleshooting steps: Check that your data contain your label "
                              "feature. Check that your input_fn properly parses and returns "
                              "labels.")
-        labels = self._labels(labels)
-        unweighted = self._unweighted_loss(labels, logits)
-        weights = self._weights(features, logits)
+        _, unweighted, weights = self._loss_parts(features, logits, labels)
         loss = self._reduce(unweighted, weights)
         if regularization_losses:
             loss += tf.add_n(list(regularization_losses))
         if mode == ModeKeys.EVAL:
             return EstimatorSpec(mode, predictions=predictions, loss=loss,
-                                 eval_metric_ops=self._eval_metrics(
-                                     labels, predictions, unweighted, weights))
+                                 eval_metric_ops=self._updated_metrics(
+                                     features, logits, labels, regularization_losses))
         train_op = _train_op(loss, optimizer, trainable_variables, train_op_fn, update_ops)
         return EstimatorSpec(mode, predictions=predictions, loss=loss, train_op=train_op)
+
+    def _updated_metrics(self, features, logits, labels, regularization_losses):
+        reg = list(regularization_losses) if regularization_losses else None
+        eval_metrics = self.metrics(regularization_losses=reg)
+        return self.update_metrics(eval_metrics, features, logits, labels,
+                                   regularization_losses=reg)
+
+    def _update_regularization(self, eval_metrics, regularization_losses):
+        if regularization_losses is not None:
+            eval_metrics[self._summary_key(LOSS_REGULARIZATION)].update_state(
+                values=tf.add_n(list(regularization_losses)))
 
 
 def _train_op(loss, optimizer, trainable_variables, train_op_fn, update_ops):
@@ -215,8 +258,40 @@ def _classification_outputs(predictions):
             "predict": outputs.PredictOutput(predictions)}
 
 
-def _mean(values, weights):
-    return v1.metrics.mean(values, weights=tf.broadcast_to(weights, tf.shape(values)))
+_THRESHOLD_KINDS = (("accuracy", hm.BinaryAccuracy, "threshold"),
+                    ("precision", hm.Precision, "thresholds"),
+                    ("recall", hm.Recall, "thresholds"))
+
+
+def _auc_metrics(summary_key) -> dict:
+    """2.15's `auc` (ROC) and `auc_precision_recall` (PR) metrics, in that order."""
+    return {summary_key("auc"): hm.AUC(name="auc"),
+            summary_key("auc_precision_recall"): hm.AUC(curve="PR",
+                                                        name="auc_precision_recall")}
+
+
+def _regularization_metric(summary_key, regularization_losses) -> dict:
+    """2.15's `regularization_loss` Mean when `regularization_losses` is not None, else {}."""
+    if regularization_losses is None:
+        return {}
+    return {summary_key(LOSS_REGULARIZATION): hm.Mean(name=LOSS_REGULARIZATION)}
+
+
+def _threshold_metrics(summary_key, thresholds):
+    """2.15's `accuracy|precision|recall/positive_threshold_<t>` metrics, by threshold."""
+    found = {}
+    for t in thresholds:
+        for kind, cls, arg in _THRESHOLD_KINDS:
+            key = summary_key(f"{kind}/positive_threshold_{t:g}")
+            found[key] = cls(name=key, **{arg: t})
+    return found
+
+
+def _update_thresholds(eval_metrics, summary_key, thresholds, labels, scores, weights):
+    for t in thresholds:
+        for kind, _, _ in _THRESHOLD_KINDS:
+            eval_metrics[summary_key(f"{kind}/positive_threshold_{t:g}")].update_state(
+                y_true=labels, y_pred=scores, sample_weight=weights)
 
 
 class BinaryClassHead(Head):
@@ -257,33 +332,57 @@ class BinaryClassHead(Head):
         found["logistic"] = logistic
         return {k: v for k, v in found.items() if keys is None or k in keys}
 
-    def _eval_metrics(self, labels, predictions, unweighted, weights):
-        logistic, ids = predictions["logistic"], predictions["class_ids"]
-        labels_f = tf.cast(labels, tf.float32)
-        label_mean, update = _mean(labels_f, weights)
-        found = {
-            "accuracy": v1.metrics.accuracy(labels, ids, weights=weights),
-            "precision": v1.metrics.precision(labels, ids, weights=weights),
-            "recall": v1.metrics.recall(labels, ids, weights=weights),
-            "prediction/mean": _mean(logistic, weights),
-            "label/mean": (label_mean, update),
-            "accuracy_baseline": (tf.maximum(label_mean, 1.0 - label_mean), update),
-            "auc": v1.metrics.auc(labels, logistic, weights=weights, num_thresholds=_THRESHOLDS,
-                                  curve="ROC", summation_method="trapezoidal"),
-            "auc_precision_recall": v1.metrics.auc(
-                labels, logistic, weights=weights, num_thresholds=_THRESHOLDS, curve="PR",
-                summation_method="careful_interpolation"),
-            "average_loss": _mean(unweighted, weights),
-        }
-        for t in self.thresholds:
-            above = tf.cast(logistic >= t, tf.int64)
-            found[f"accuracy/positive_threshold_{t:g}"] = v1.metrics.accuracy(
-                labels, above, weights=weights)
-            found[f"precision/positive_threshold_{t:g}"] = v1.metrics.precision_at_thresholds(
-                labels, logistic, [t], weights=weights)
-            found[f"recall/positive_threshold_{t:g}"] = v1.metrics.recall_at_thresholds(
-                labels, logistic, [t], weights=weights)
-        return _named(found, self.name)
+    def metrics(self, regularization_losses=None):
+        """{key: metric} as 2.15's binary_class_head.py: `average_loss` (Mean),
+        `accuracy` (Accuracy), `precision`, `recall`, `prediction/mean`, `label/mean`,
+        `accuracy_baseline` (Means), `auc`, `auc_precision_recall` (AUC), then
+        `regularization_loss` (Mean) when `regularization_losses` is not None, then
+        per threshold BinaryAccuracy, Precision, Recall; keys `/name`-suffixed."""
+        key = self._summary_key
+        with tf.name_scope("metrics"):
+            found = {key("average_loss"): hm.Mean(name="average_loss"),
+                     key("accuracy"): hm.Accuracy(name="accuracy"),
+                     key("precision"): hm.Precision(name="precision"),
+                     key("recall"): hm.Recall(name="recall"),
+                     key("prediction/mean"): hm.Mean(name="prediction/mean"),
+                     key("label/mean"): hm.Mean(name="label/mean"),
+                     key("accuracy_baseline"): hm.Mean(name="accuracy_baseline"),
+                     **_auc_metrics(key)}
+            found.update(_regularization_metric(key, regularization_losses))
+            found.update(_threshold_metrics(key, self.thresholds))
+        return found
+
+    def update_metrics(self, eval_metrics, features, logits, labels,
+                       regularization_losses=None):
+        """Updates `eval_metrics` (from `metrics()`) with float32 logits `[B, 1]` and
+        labels `[B]`/`[B, 1]` (weighted by the weight column of `features`), returns it.
+        As 2.15's: precision and recall of `class_ids`, AUCs and threshold metrics of the
+        logistic; `accuracy_baseline` = max(label mean, 1 - label mean) from `label/mean`'s
+        variables (its own update is a no-op). KeyError for a missing key; ValueError for
+        a missing weight feature."""
+        logits = tf.convert_to_tensor(logits)
+        predictions = self.predictions(logits)
+        labels, unweighted, weights = self._loss_parts(features, logits, labels)
+        key, logistic = self._summary_key, predictions["logistic"]
+        eval_metrics[key("average_loss")].update_state(values=unweighted,
+                                                       sample_weight=weights)
+        for name in ("accuracy", "precision", "recall"):
+            eval_metrics[key(name)].update_state(
+                y_true=labels, y_pred=predictions["class_ids"], sample_weight=weights)
+        hm.update_with_broadcast_weights(eval_metrics[key("prediction/mean")], logistic,
+                                         weights)
+        hm.update_with_broadcast_weights(eval_metrics[key("label/mean")], labels, weights)
+        label_mean = eval_metrics[key("label/mean")]
+        baseline = eval_metrics[key("accuracy_baseline")]
+        baseline.add_update(tf.no_op())
+        baseline.total = tf.maximum(label_mean.total, label_mean.count - label_mean.total)
+        baseline.count = label_mean.count
+        for name in ("auc", "auc_precision_recall"):
+            eval_metrics[key(name)].update_state(y_true=labels, y_pred=logistic,
+                                                 sample_weight=weights)
+        self._update_regularization(eval_metrics, regularization_losses)
+        _update_thresholds(eval_metrics, key, self.thresholds, labels, logistic, weights)
+        return eval_metrics
 
     def _export_outputs(self, predictions):
         found = _classification_outputs(predictions)
@@ -325,10 +424,32 @@ class MultiClassHead(Head):
                                      self.label_vocabulary)
         return {k: v for k, v in found.items() if keys is None or k in keys}
 
-    def _eval_metrics(self, labels, predictions, unweighted, weights):
-        return _named({"accuracy": v1.metrics.accuracy(labels, predictions["class_ids"],
-                                                       weights=weights),
-                       "average_loss": _mean(unweighted, weights)}, self.name)
+    def metrics(self, regularization_losses=None):
+        """{key: metric} as 2.15's multi_class_head.py: `average_loss` (Mean),
+        `regularization_loss` (Mean, when `regularization_losses` is not None),
+        `accuracy` (Accuracy); keys `/name`-suffixed."""
+        key = self._summary_key
+        with tf.name_scope("metrics"):
+            found = {key("average_loss"): hm.Mean(name="average_loss")}
+            found.update(_regularization_metric(key, regularization_losses))
+            found[key("accuracy")] = hm.Accuracy(name="accuracy")
+        return found
+
+    def update_metrics(self, eval_metrics, features, logits, labels,
+                       regularization_losses=None):
+        """Updates `eval_metrics` (from `metrics()`) with float32 logits
+        `[B, n_classes]` and class-id (or vocabulary string) labels `[B]`/`[B, 1]`,
+        weighted by the weight column of `features`; returns it (2.15's)."""
+        logits = tf.convert_to_tensor(logits)
+        class_ids = self.predictions(logits)["class_ids"]
+        labels, unweighted, weights = self._loss_parts(features, logits, labels)
+        key = self._summary_key
+        eval_metrics[key("average_loss")].update_state(values=unweighted,
+                                                       sample_weight=weights)
+        eval_metrics[key("accuracy")].update_state(y_true=labels, y_pred=class_ids,
+                                                   sample_weight=weights)
+        self._update_regularization(eval_metrics, regularization_losses)
+        return eval_metrics
 
     def _export_outputs(self, predictions):
         return _classification_outputs(predictions)
@@ -371,22 +492,59 @@ class MultiLabelHead(Head):
                  "classes": found["all_classes"]}  # 2.15: every class's name, [B, n]
         return {k: v for k, v in found.items() if keys is None or k in keys}
 
-    def _eval_metrics(self, labels, predictions, unweighted, weights):
-        probabilities = predictions["probabilities"]
-        w = tf.broadcast_to(weights, tf.shape(probabilities))
-        found = {"average_loss": _mean(unweighted, weights),
-                 "auc": v1.metrics.auc(labels, probabilities, weights=w, curve="ROC",
-                                       summation_method="trapezoidal"),
-                 "auc_precision_recall": v1.metrics.auc(
-                     labels, probabilities, weights=w, curve="PR",
-                     summation_method="careful_interpolation")}
+    def _class_keys(self):
+        """[(class id, probability mean key, auc key, auc PR key)] of the class metrics."""
+        found = []
         for i in self.classes_for_class_based_metrics:
-            found[f"auc/class{i}"] = v1.metrics.auc(labels[:, i], probabilities[:, i],
-                                                    weights=weights[:, 0])
-            found[f"auc_precision_recall/class{i}"] = v1.metrics.auc(
-                labels[:, i], probabilities[:, i], weights=weights[:, 0], curve="PR",
-                summation_method="careful_interpolation")
-        return _named(found, self.name)
+            label = f"class{i}" if self.label_vocabulary is None else self.label_vocabulary[i]
+            found.append((i, *(self._summary_key(f"{kind}/{label}") for kind in (
+                "probability_mean", "auc", "auc_precision_recall"))))
+        return found
+
+    def metrics(self, regularization_losses=None):
+        """{key: metric} as 2.15's multi_label_head.py: `average_loss` (Mean), `auc`,
+        `auc_precision_recall` (AUC), `regularization_loss` (Mean, when
+        `regularization_losses` is not None), per threshold BinaryAccuracy, Precision,
+        Recall, per class of `classes_for_class_based_metrics`
+        `probability_mean/class<i>` (Mean), `auc/class<i>`, `auc_precision_recall/class<i>`
+        (`/<vocabulary name>` with a label_vocabulary); keys `/name`-suffixed."""
+        key = self._summary_key
+        with tf.name_scope("metrics"):
+            found = {key("average_loss"): hm.Mean(name="average_loss"),
+                     **_auc_metrics(key)}
+            found.update(_regularization_metric(key, regularization_losses))
+            found.update(_threshold_metrics(key, self.thresholds))
+            for _, prob_key, auc_key, auc_pr_key in self._class_keys():
+                found[prob_key] = hm.Mean(name=prob_key)
+                found[auc_key] = hm.AUC(name=auc_key)
+                found[auc_pr_key] = hm.AUC(curve="PR", name=auc_pr_key)
+        return found
+
+    def update_metrics(self, eval_metrics, features, logits, labels,
+                       regularization_losses=None):
+        """Updates `eval_metrics` (from `metrics()`) with float32 logits
+        `[B, n_classes]` and multi-hot labels `[B, n_classes]`, weighted by the weight
+        column of `features`; returns it (2.15's: AUCs over every (example, class)
+        probability, threshold metrics per element, class metrics on class i's column)."""
+        logits = tf.convert_to_tensor(logits)
+        probabilities = self.predictions(logits)["probabilities"]
+        labels, unweighted, weights = self._loss_parts(features, logits, labels)
+        key = self._summary_key
+        eval_metrics[key("average_loss")].update_state(values=unweighted,
+                                                       sample_weight=weights)
+        for name in ("auc", "auc_precision_recall"):
+            eval_metrics[key(name)].update_state(y_true=labels, y_pred=probabilities,
+                                                 sample_weight=weights)
+        self._update_regularization(eval_metrics, regularization_losses)
+        _update_thresholds(eval_metrics, key, self.thresholds, labels, probabilities,
+                           weights)
+        for i, prob_key, auc_key, auc_pr_key in self._class_keys():
+            scores, truth = probabilities[..., i:i + 1], labels[..., i:i + 1]
+            hm.update_with_broadcast_weights(eval_metrics[prob_key], scores, weights)
+            for name in (auc_key, auc_pr_key):
+                eval_metrics[name].update_state(y_true=truth, y_pred=scores,
+                                                sample_weight=weights)
+        return eval_metrics
 
     def _export_outputs(self, predictions):
         out = outputs.ClassificationOutput(scores=predictions["probabilities"],
@@ -438,11 +596,33 @@ class RegressionHead(Head):
     def _reduce(self, unweighted, weights):
         return super()._reduce(unweighted, tf.broadcast_to(weights, tf.shape(unweighted)))
 
-    def _eval_metrics(self, labels, predictions, unweighted, weights):
-        return _named({"average_loss": _mean(unweighted, weights),
-                       "label/mean": _mean(labels, weights),
-                       "prediction/mean": _mean(predictions["predictions"], weights)},
-                      self.name)
+    def metrics(self, regularization_losses=None):
+        """{key: Mean} as 2.15's regression_head.py: `average_loss`, `prediction/mean`,
+        `label/mean`, `regularization_loss` (when `regularization_losses` is not
+        None); keys `/name`-suffixed."""
+        key = self._summary_key
+        with tf.name_scope("metrics"):
+            found = {key(name): hm.Mean(name=name)
+                     for name in ("average_loss", "prediction/mean", "label/mean")}
+            found.update(_regularization_metric(key, regularization_losses))
+        return found
+
+    def update_metrics(self, eval_metrics, features, logits, labels,
+                       regularization_losses=None):
+        """Updates `eval_metrics` (from `metrics()`) with float32 logits
+        `[B, label_dimension]` and labels of that shape (or `[B]`), weighted by the
+        weight column of `features`; returns it (2.15's: means over every element)."""
+        logits = tf.convert_to_tensor(logits)
+        predicted = self.predictions(logits)["predictions"]
+        labels, unweighted, weights = self._loss_parts(features, logits, labels)
+        key = self._summary_key
+        eval_metrics[key("average_loss")].update_state(values=unweighted,
+                                                       sample_weight=weights)
+        eval_metrics[key("label/mean")].update_state(values=labels, sample_weight=weights)
+        hm.update_with_broadcast_weights(eval_metrics[key("prediction/mean")], predicted,
+                                         weights)
+        self._update_regularization(eval_metrics, regularization_losses)
+        return eval_metrics
 
     def _export_outputs(self, predictions):
         out = outputs.RegressionOutput(predictions["predictions"])
@@ -478,11 +658,6 @@ class LogisticRegressionHead(RegressionHead):
                                                "[0, 1]")
         with tf.control_dependencies([check, tf.debugging.assert_non_negative(labels)]):
             return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-
-
-def _named(metrics, name):
-    """2.15 suffixes a named head's metric keys: `accuracy/head_name`."""
-    return metrics if not name else {f"{k}/{name}": v for k, v in metrics.items()}
 
 
 def binary_or_multi_class_head(n_classes, weight_column, label_vocabulary, loss_reduction):

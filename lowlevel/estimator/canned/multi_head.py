@@ -11,10 +11,10 @@ tensorflow_estimator 2.15's head/multi_head.py.
 - loss: the sum over heads of `head_weights[i] *` head i's reduced training loss
   (float32 scalar; weights default 1), plus the sum of `regularization_losses`;
 - predictions: {(head name, key): Tensor} (tuple keys, as 2.15);
-- eval metrics: each head's (suffixed `/<head name>`, as the heads here already
-  are), `loss/<head name>` (the mean over batches of head i's unweighted-by-head_weights
-  training loss) and, when regularization losses are given,
-  `regularization_loss/<multi-head name>`;
+- eval metrics (`metrics()` then `update_metrics()`, as 2.15's; metric objects of
+  `canned.head_metrics`): `regularization_loss/<multi-head name>` when regularization
+  losses are given, `loss/<head name>` (the mean over batches of head i's
+  unweighted-by-head_weights training loss), and each head's (suffixed `/<head name>`);
 - export outputs: `serving_default` = the first head's default, `<head name>` =
   each head's default, `<head name>/<key>` its others, and `predict` = one
   PredictOutput of every head's predictions keyed `<head name>/<key>`;
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from lowlevel.estimator.canned import head_metrics
 from lowlevel.estimator.canned import heads as heads_lib
 from lowlevel.estimator.canned import optimizers
 from lowlevel.models import export_outputs as outputs
@@ -41,7 +42,7 @@ from lowlevel.models.spec import EstimatorSpec, ModeKeys
 
 v1 = tf.compat.v1
 DEFAULT_SERVING_KEY, PREDICT_SERVING_KEY = "serving_default", "predict"
-LOSS_REGULARIZATION = "regularization_loss"  # 2.15's MetricKeys.LOSS_REGULARIZATION
+LOSS_REGULARIZATION = heads_lib.LOSS_REGULARIZATION  # 2.15's MetricKeys' key
 
 
 def _no_op_train_fn(loss):
@@ -182,18 +183,37 @@ class MultiHead(heads_lib.Head):
                     found[(head.name, key)] = value
         return found
 
-    def _eval_metric_ops(self, specs, losses, regularization_losses):
-        """Each head's metrics, `loss/<name>` and `regularization_loss/<self.name>`."""
+    def metrics(self, regularization_losses=None):
+        """{key: head_metrics.Mean} as 2.15's multi_head.py: `regularization_loss/<name>`
+        (when `regularization_losses` is not None), then `loss/<head name>` per head.
+        The heads' own metrics join in `update_metrics`."""
         found = {}
-        if regularization_losses:
-            found[f"{LOSS_REGULARIZATION}/{self.name}"] = v1.metrics.mean(
-                tf.add_n(list(regularization_losses)))
+        if regularization_losses is not None:
+            found[self._summary_key(LOSS_REGULARIZATION)] = head_metrics.Mean(
+                name=LOSS_REGULARIZATION)
         with v1.name_scope("merge_eval"):
-            for key, loss in zip(self._loss_keys, losses):
-                found[key] = v1.metrics.mean(loss)
-        for spec in specs:
-            found.update(spec.eval_metric_ops or {})
+            for key in self._loss_keys:
+                found[key] = head_metrics.Mean(name=key)
         return found
+
+    def update_metrics(self, eval_metrics, features, logits, labels,
+                       regularization_losses=None):
+        """Updates `eval_metrics` (from `metrics()`) and returns it with every head's
+        metrics added (2.15's): `loss/<head name>` gets head i's reduced training loss
+        (float32 scalar), then `head.update_metrics(head.metrics(), ...)` joins in.
+        logits: dict by head name or one Tensor (split); labels: dict by head name.
+        ValueError (2.15's messages) for a head missing in logits or labels."""
+        logits_dict = self._check_logits_and_labels(logits, labels)
+        if regularization_losses is not None:
+            eval_metrics[self._summary_key(LOSS_REGULARIZATION)].update_state(
+                values=tf.add_n(list(regularization_losses)))
+        for key, head in zip(self._loss_keys, self._heads):
+            head_logits, head_labels = logits_dict[head.name], labels[head.name]
+            eval_metrics[key].update_state(values=head.loss(
+                logits=head_logits, labels=head_labels, features=features))
+            updated = head.update_metrics(head.metrics(), features, head_logits, head_labels)
+            eval_metrics.update(updated or {})
+        return eval_metrics
 
     def _merge_export_outputs(self, specs):
         """2.15's `_merge_predict_export_outputs`: the first head served by default."""
@@ -240,8 +260,8 @@ class MultiHead(heads_lib.Head):
             loss = self._merge(losses, regularization_losses)
             if mode == ModeKeys.EVAL:
                 return EstimatorSpec(mode, predictions=predictions, loss=loss,
-                                     eval_metric_ops=self._eval_metric_ops(
-                                         specs, losses, regularization_losses))
+                                     eval_metric_ops=self._updated_metrics(
+                                         features, logits, labels, regularization_losses))
             if mode != ModeKeys.TRAIN:
                 raise ValueError(f"mode={mode} unrecognized")
             train_op = self._train_op(loss, optimizer, trainable_variables, train_op_fn,

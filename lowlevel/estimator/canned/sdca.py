@@ -13,7 +13,8 @@ Checkpoint names are 2.15's (tests/fixtures/canned215/rnn_sdca.json): the model
 per-example dual state `ShardedMutableHashTable-<i>-of-<n>-{keys,values}`
 (int64 `[buckets, 2]` fingerprints, float32 `[buckets, 4]`). A training step
 runs the solver on the batch (`train_op`, +1 global step); the chief's hook then
-copies (and shrinks) the unshrunk weights into the model's.
+copies (and shrinks) the unshrunk weights into the model's. `LinearSDCA.get_train_step`
+(2.15's signature) builds that step; `sdca_model_fn` calls it with a `LinearModelState`.
 """
 
 from __future__ import annotations
@@ -67,12 +68,49 @@ class LinearSDCA:
         if self._symmetric_l1_regularization < 0.0:
             raise ValueError("symmetric_l1_regularization should be non-negative.")
 
+    def get_train_step(self, state_manager, weight_column_name, loss_type, feature_columns,
+                       features, targets, bias_var, global_step):
+        """(sdca_model, train_op) of one SDCA step on a batch, as 2.15's
+        `LinearSDCA.get_train_step` (canned/linear.py).
 
-class _Tables(fc_v2.StateManager):
-    """Keeps the columns' lookup tables; SDCA's columns make no variables here."""
+        state_manager: gives the columns' lookup tables and, by `get_variable(column,
+        "weights")`, each column's model weights (float32 `[dimension, 1]`);
+        `LinearModelState()` finds them by 2.15's names
+        `linear/linear_model/<column>/weights`. weight_column_name: a feature key (or
+        a numeric column: its key) of example weights `[B]`/`[B, 1]`, or None (1 each).
+        loss_type: 'logistic_loss' (labels 0/1) or 'squared_loss'. feature_columns:
+        v2 categorical or rank-1 dense columns. features: dict of Tensors holding
+        them and the example-id column (string `[B]`). targets: labels `[B]`/`[B, 1]`.
+        bias_var: the bias variable (float32 `[1]`). global_step: incremented by one
+        per run of train_op. Returns the `SDCAModel` (its `update_weights(train_op)`
+        copies and L1-shrinks the solver's weights into the model's) and the op.
+        ValueError (2.15's messages) for an unsupported column, a dense column of rank
+        > 1, L2 <= 0 or L1 < 0.
+        """
+        columns = _columns(features, feature_columns, state_manager)
+        if weight_column_name is not None:
+            key = getattr(weight_column_name, "key", weight_column_name)
+            weights = tf.reshape(tf.cast(features[key], tf.float32), [-1])
+        else:
+            weights = tf.ones([tf.shape(targets)[0]])
+        examples = {"ids": features[self._example_id_column], "weights": weights,
+                    "labels": tf.reshape(tf.cast(targets, tf.float32), [-1])}
+        model = SDCAModel(self, loss_type, columns, bias_var, examples)
+        return model, model.minimize(global_step)
+
+
+class LinearModelState(fc_v2.StateManager):
+    """A feature-column state manager for `LinearSDCA.get_train_step`: keeps the
+    columns' lookup tables, and `get_variable(column, "weights")` returns the global
+    variable `linear/linear_model/<column name>/weights` (2.15's linear model's;
+    ValueError when there is none). It creates no variables."""
 
     def __init__(self):
         self._resources = {}
+
+    def get_variable(self, feature_column, name):
+        """The model's `name` ("weights") variable of `feature_column`."""
+        return _model_variable(feature_column, name)
 
     def has_resource(self, feature_column, name):
         return (feature_column.name, name) in self._resources
@@ -105,28 +143,29 @@ def _unique_sparse(id_weight_pair):
         tf.math.unsorted_segment_sum(weights, idx, count), [-1])
 
 
-def _model_variable(column):
-    name = f"linear/linear_model/{column.name}/weights"
+def _model_variable(column, kind="weights"):
+    name = f"linear/linear_model/{column.name}/{kind}"
     found = [v for v in v1.global_variables() if v.op.name == name]
     if not found:
         raise ValueError(f"LinearSDCA: no variable {name}")
     return found[0]
 
 
-def _columns(features, feature_columns):
-    """(sparse triples + their weights, dense tensors + their weights), columns by name."""
-    cache, tables = fc_v2.FeatureTransformationCache(features), _Tables()
+def _columns(features, feature_columns, tables):
+    """(sparse triples + their weights, dense tensors + their weights), columns by name;
+    `tables` the state manager (lookup tables, `get_variable(column, "weights")`)."""
+    cache = fc_v2.FeatureTransformationCache(features)
     sparse, sparse_w, dense, dense_w = [], [], [], []
     for column in sorted(feature_columns, key=lambda c: c.name):
         if isinstance(column, fc_v2.CategoricalColumn):
             sparse.append(_unique_sparse(column.get_sparse_tensors(cache, tables)))
-            sparse_w.append(_model_variable(column))
+            sparse_w.append(tables.get_variable(column, "weights"))
         elif isinstance(column, fc_v2.DenseColumn):
             if column.variable_shape.ndims != 1:
                 raise ValueError(f"Column {type(column).__name__} has rank "
                                  f"{column.variable_shape.ndims}, larger than 1.")
             dense.append(column.get_dense_tensor(cache, tables))
-            dense_w.append(_model_variable(column))
+            dense_w.append(tables.get_variable(column, "weights"))
         else:
             raise ValueError(f"LinearSDCA does not support column type "
                              f"{type(column).__name__}.")
@@ -277,15 +316,6 @@ def loss_type(head):
     raise ValueError(f"Unsupported head type: {head}")
 
 
-def _examples(optimizer, head, features, labels):
-    weight = head.weight_column
-    batch = tf.shape(labels)[0]
-    weights = (tf.reshape(tf.cast(features[getattr(weight, "key", weight)], tf.float32), [-1])
-               if weight is not None else tf.ones([batch]))
-    return {"ids": features[optimizer._example_id_column], "weights": weights,
-            "labels": tf.reshape(tf.cast(labels, tf.float32), [-1])}
-
-
 def sdca_model_fn(features, labels, mode, head, feature_columns, optimizer):
     """2.15's `_sdca_model_fn`: the linear model (units 1, 'sum' combiner, no partitioner)
     trained by `optimizer` (a LinearSDCA) through `head`."""
@@ -299,9 +329,9 @@ def sdca_model_fn(features, labels, mode, head, feature_columns, optimizer):
     if mode != ModeKeys.TRAIN:
         return head.create_estimator_spec(features=features, mode=mode, labels=labels,
                                           logits=logits)
-    model = SDCAModel(optimizer, kind, _columns(features, feature_columns), bias,
-                      _examples(optimizer, head, features, labels))
-    train_op = model.minimize(v1.train.get_global_step())
+    model, train_op = optimizer.get_train_step(
+        LinearModelState(), head.weight_column, kind, feature_columns, features, labels, bias,
+        v1.train.get_global_step())
     spec = head.create_estimator_spec(features=features, mode=mode, labels=labels,
                                       train_op_fn=lambda _: train_op, logits=logits)
     return spec._replace(training_chief_hooks=tuple(spec.training_chief_hooks)
