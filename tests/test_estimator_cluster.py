@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -186,3 +187,34 @@ def test_an_early_stop_ends_every_task_with_status_0(hook, sync, ports, tmp_path
     assert "the chief signalled the end of training" in logs["ps0"]
     assert "Exiting evaluation: training ended at global_step=%d" % final in logs["evaluator0"]
     assert clusters.leftovers(model_dir) == []
+
+
+SDCA = os.path.join(clusters.ROOT, "tests", "estimator_scripts", "sdca_estimator.py")
+
+
+@pytest.mark.timeout(300)
+def test_linear_sdca_on_a_cluster_keeps_its_per_example_state_in_the_checkpoints(ports,
+                                                                                 tmp_path):
+    """LinearSDCA's dual state (a hash table per shard, not a variable) is in the cluster's
+    checkpoints, as in 2.15's, and comes back when the cluster runs on."""
+    roles = (("ps", 0), ("chief", 0), ("worker", 0))
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    _, model_dir, procs = _cluster(ports, first, "--max_steps=30", roles=roles, script=SDCA)
+    done = clusters.wait_all(procs, 200)
+    assert {n: s for n, (s, _) in done.items()} == {n: 0 for n in done}, \
+        (first / "chief0.log").read_text()[-3000:]
+    keys = tf.train.load_variable(str(model_dir), "ShardedMutableHashTable-1-of-1-keys")
+    assert len(keys) >= 400, keys.shape  # every example's fingerprint (and empty slots)
+    state = tf.train.load_variable(str(model_dir), "ShardedMutableHashTable-1-of-1-values")
+    assert np.abs(state).sum() > 0
+    model_dir.rename(second / "model")
+    _, model_dir, procs = _cluster(ports, second, "--max_steps=40", roles=roles, script=SDCA)
+    done = clusters.wait_all(procs, 200)
+    assert {n: s for n, (s, _) in done.items()} == {n: 0 for n in done}, \
+        (second / "chief0.log").read_text()[-3000:]
+    ready = clusters.task_events(model_dir, "chief0", "session_ready")
+    assert ready[-1]["origin"] == "restored" and ready[-1]["restored_step"] >= 30, ready
+    # SDCA's train op moves global_step itself, not through the runtime's counted step: an
+    # async run may end one step past max_steps per other worker (the runtime warns of it)
+    assert 40 <= tf.train.load_variable(str(model_dir), "global_step") <= 41

@@ -43,6 +43,10 @@ from lowlevel.outputs import chunked_save
 v1 = tf.compat.v1
 
 GLOBAL_STEP = "global_step"
+# Graph collection of a model's `SaveableObject`s other than variables that the runtime's
+# saver writes too (`saved_names`): LinearSDCA's per-example state tables. (The stock
+# `Saver` takes every SAVEABLE_OBJECTS entry; the runtime's names what it saves.)
+EXTRA_SAVEABLES = "lowlevel_extra_saveables"
 _warned: set = set()  # unreadable checkpoints already reported by this process
 
 
@@ -240,7 +244,8 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
     default `Saver` does); each variable in `renamed` ({name: variable})
     under the name given there instead of its own. The default graph's dynamic
     embedding shards are saved by their snapshots (`ShardSaveable`, under the
-    shard's scope name), their state variables not by themselves.
+    shard's scope name), their state variables not by themselves; its
+    `EXTRA_SAVEABLES` under their names.
 
     Returns:
       {name in checkpoints: variable, or the list of a sharded variable's shards}.
@@ -248,6 +253,7 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
     renamed = dict(renamed or {})
     taken = {id(v) for v in renamed.values()}
     names: dict = {shard.name: shard for shard in dynamic_embeddings.saveables()}
+    names.update({saveable.name: saveable for saveable in v1.get_collection(EXTRA_SAVEABLES)})
     for var in dynamic_embeddings.variables_to_save(variables):
         if id(var) in taken:
             continue
@@ -358,7 +364,7 @@ def _logical(variables) -> dict:
     if isinstance(variables, dict):
         found = {}
         for name, var in variables.items():
-            if isinstance(var, dynamic_embeddings.ShardSaveable):  # parts of dynamic shapes
+            if hasattr(var, "specs"):  # a SaveableObject (a dynamic shard, a table): its parts
                 found.update({spec.name: (None, spec.dtype) for spec in var.specs})
                 continue
             first = var[0] if isinstance(var, (list, tuple)) else var

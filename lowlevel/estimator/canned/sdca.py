@@ -23,6 +23,7 @@ import tensorflow as tf
 from tensorflow.python.feature_column import feature_column_v2 as fc_v2
 
 from lowlevel.estimator.canned import heads as heads_lib
+from lowlevel.outputs import checkpoints
 from lowlevel.models.spec import ModeKeys
 
 v1 = tf.compat.v1
@@ -177,10 +178,15 @@ class _StateTable:
     state (float32 `[4]`), `num_shards` dense hash tables by fingerprint modulo."""
 
     def __init__(self, num_shards):
+        made = len(v1.get_collection(v1.GraphKeys.SAVEABLE_OBJECTS))
         self.shards = [tf.lookup.experimental.DenseHashTable(
             tf.int64, tf.float32, default_value=[0.0] * _STATE, empty_key=[0, 0],
             deleted_key=[1, 1], name=f"ShardedMutableHashTable-{i + 1}-of-{num_shards}")
             for i in range(num_shards)]
+        # each table's saveable (added by its constructor in graph mode): the runtime's
+        # saver writes them too, so a cluster's checkpoints keep the dual state, as 2.15's
+        for saveable in v1.get_collection(v1.GraphKeys.SAVEABLE_OBJECTS)[made:]:
+            v1.add_to_collection(checkpoints.EXTRA_SAVEABLES, saveable)
 
     def _split(self, keys):
         return tf.cast(tf.math.floormod(tf.abs(keys[:, 0]), len(self.shards)), tf.int32)
