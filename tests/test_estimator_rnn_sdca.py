@@ -9,6 +9,10 @@ deterministic given the batches, so its metrics match 2.15's closely; the RNNs d
 their initial weights from other random streams (and 2.15 itself differs run to run
 there: rnn_lstm_int_binary gave accuracy 0.71 and 0.83), so only the range is
 compared. The cells' math is compared exactly (to float rounding) on fixed weights.
+`return_sequences=True` (the rnn_seq_* variants, 2.15's SequentialHeadWrapper): the
+same names and keys; the reductions over the valid steps are checked exactly on what
+depends on the data only (label/mean, loss / average_loss = the mean weight of the
+valid steps), and the wrapper itself against 2.15's on fixed logits (`seq_heads`).
 """
 
 import importlib.util
@@ -22,6 +26,7 @@ import tensorflow as tf
 from estimator_support import HERE
 from lowlevel.errors import LegacyKerasMissing
 from lowlevel.estimator.canned import rnn
+from lowlevel.estimator.canned import sequential_head as seq_head
 
 CANNED = os.path.join(HERE, "fixtures", "canned215")
 
@@ -125,8 +130,61 @@ def test_rnn_matches_215(name, tmp_path):
         assert ours["evaluate"]["accuracy"] >= theirs["accuracy"] - 0.2, ours["evaluate"]
         if "accuracy_baseline" in theirs:
             assert ours["evaluate"]["accuracy"] >= theirs["accuracy_baseline"] - 0.01
-    else:
-        assert ours["evaluate"]["average_loss"] <= 2 * theirs["average_loss"], ours["evaluate"]
+    else:  # 2.15's own runs spread 2x (rnn_seq_estimator_regression: 0.0078 to 0.0156)
+        bound = max(2 * theirs["average_loss"], _half_constant_loss(name))
+        assert ours["evaluate"]["average_loss"] <= bound, ours["evaluate"]
+    if "_seq_" in name:
+        _check_valid_step_reduction(name, ours["evaluate"], theirs)
+
+
+def _half_constant_loss(name):
+    """A sequence regression's: half the loss of predicting the mean label (the variance
+    over the valid steps, 0.046; 2.15's runs reach 0.17-0.34 of it); else 0."""
+    if "_seq_" not in name:
+        return 0.0
+    _, (labels, mask) = REF.data(REF.VARIANTS[name][1])
+    return 0.5 * float(labels[mask].var())
+
+
+def _check_valid_step_reduction(name, ours, theirs):
+    """What the sequential head's reduction over the valid steps fixes from the data alone
+    (the eval batch is the whole set): label/mean the (weighted) mean label of the valid
+    steps, loss / average_loss their mean weight (1 unweighted: the loss divides by the
+    number of valid steps, average_loss by their total weight), accuracy_baseline."""
+    feats, (labels, mask) = REF.data(REF.VARIANTS[name][1])
+    weighted = "weight_column" in REF.VARIANTS[name][2]
+    w = feats["w"][0][mask] if weighted else np.ones(mask.sum(), np.float32)
+    label_mean = float((labels[mask] * w).sum() / w.sum())
+    for got in (ours, theirs):
+        if "label/mean" in got:  # not a multi-class head's
+            assert got["label/mean"] == pytest.approx(label_mean, rel=1e-5)
+        assert got["loss"] / got["average_loss"] == pytest.approx(float(w.mean()), rel=1e-5)
+        if "accuracy_baseline" in got:
+            assert got["accuracy_baseline"] == pytest.approx(max(label_mean, 1 - label_mean),
+                                                             rel=1e-5)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", sorted(REF.SEQ_HEAD_CASES))
+def test_sequential_head_matches_215s_on_fixed_logits(case):
+    """SequentialHeadWrapper (2.15's, recorded) and lowlevel's on the same logits, labels
+    (dense or sparse), mask and weights: EVAL loss, loss(), every metric and every
+    prediction (dtype, shape, values) agree to float rounding."""
+    import lowlevel.estimator as estimator
+    theirs = FIXTURE["seq_heads"][case]
+    ours = REF.seq_head_probe(tf, estimator, [case])[case]
+    for key in ("loss", "head_loss"):
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5)
+    assert sorted(ours["metrics"]) == sorted(theirs["metrics"])
+    for key, value in theirs["metrics"].items():
+        assert ours["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert sorted(ours["predict"]) == sorted(theirs["predict"])
+    for key, (dtype, shape, values) in theirs["predict"].items():
+        assert ours["predict"][key][:2] == [dtype, shape], key
+        if dtype in ("object", "bool") or dtype.startswith("int"):
+            assert ours["predict"][key][2] == values, key
+        else:
+            np.testing.assert_allclose(ours["predict"][key][2], values, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.reference
@@ -137,11 +195,14 @@ def test_linear_sdca_matches_215(name, tmp_path):
     same solver on the same batches, so the metrics agree closely."""
     ours = _run(name, tmp_path)
     theirs = _same_interface(name, ours)["evaluate"]
-    for key in ("accuracy", "auc"):
+    for key in ("accuracy", "auc"):  # (the random order: runs agree to ~0.005 here)
         if key in theirs:
-            assert ours["evaluate"][key] == pytest.approx(theirs[key], abs=0.01)
+            assert ours["evaluate"][key] == pytest.approx(theirs[key], abs=0.02)
+    # SDCA visits the examples in a random order (2.15's kernel too): the regressor's
+    # converged loss came out 2e-4..8e-4 over 7 runs here (2.15's fixture: 2.3e-4), all
+    # under 0.03 % of its labels' variance (3.5); 2e-3 is 0.06 % of it
     assert ours["evaluate"]["average_loss"] == pytest.approx(theirs["average_loss"],
-                                                             rel=0.3, abs=2e-4)
+                                                             rel=0.3, abs=2e-3)
     if name == "sdca_classifier_l1":  # the chief's hook: weights = shrink(unshrunk, l1/l2)
         reader = tf.train.load_checkpoint(str(tmp_path))
         for var in ("bias_weights", "cat/weights", "x1/weights", "x2/weights"):
@@ -153,13 +214,22 @@ def test_linear_sdca_matches_215(name, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_rnn_refuses_what_it_does_not_build():
-    """One-line errors at construction: return_sequences (no sequential head), rnn_cell_fn
-    with units (2.15's ValueError), an unknown cell_type."""
+    """One-line errors at construction (2.15's): return_sequences with a head that is not
+    sequential, rnn_cell_fn with units, an unknown cell_type; the sequential head's own
+    (a MultiHead, a mask key or weight column not a str)."""
     import lowlevel.estimator as estimator
     cols = REF.columns(tf, "seq")
     exp = estimator.experimental
-    with pytest.raises(ValueError, match="_SequentialHead"):
-        exp.RNNClassifier(cols, units=[4], cell_type="lstm", return_sequences=True)
+    with pytest.raises(ValueError, match="must be a `_SequentialHead` object"):
+        exp.RNNEstimator(estimator.RegressionHead(), cols, units=[4], return_sequences=True)
+    with pytest.raises(ValueError, match="`MultiHead` is not supported"):
+        seq_head.SequentialHeadWrapper(estimator.MultiHead(
+            [estimator.RegressionHead(name="a"), estimator.RegressionHead(name="b")]))
+    with pytest.raises(TypeError, match="`sequence_mask` column must be a string"):
+        seq_head.SequentialHeadWrapper(estimator.RegressionHead(), sequence_length_mask=3)
+    with pytest.raises(TypeError, match="Column must a string"):  # 2.15's: a NumericColumn
+        exp.RNNClassifier(cols, units=[4], return_sequences=True,
+                          weight_column=tf.feature_column.numeric_column("w"))
     with pytest.raises(ValueError, match="must not be specified when using rnn_cell_fn"):
         exp.RNNClassifier(cols, units=[4], rnn_cell_fn=lambda: None)
     with pytest.raises(ValueError, match="Supported strings are"):
@@ -219,3 +289,50 @@ def test_rnn_export_serves_its_predictions(tmp_path):
         served = sess.run(sig.outputs["logistic"].name,
                           {sig.inputs["examples"].name: examples})
     np.testing.assert_allclose(served.ravel(), predicted, rtol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_rnn_sequences_predict_every_step_and_export(tmp_path):
+    """return_sequences=True: predict() gives each step's predictions and the mask; a step
+    after the sequence's end repeats its last output (Keras' masking), and the last valid
+    step's logits are those of return_sequences=False on the same checkpoint; a mask in the
+    features is used as given; the exported `predict` signature serves the same
+    probabilities (`[batch, time, 2]`, without the mask, as 2.15's PredictOutput)."""
+    import lowlevel.estimator as estimator
+    feats, labels = REF.data("seq_binary")
+    model_dir = str(tmp_path / "model")
+    kwargs = dict(sequence_feature_columns=REF.columns(tf, "seq"), units=[5],
+                  cell_type="gru", model_dir=model_dir)
+    est = estimator.experimental.RNNClassifier(return_sequences=True, **kwargs)
+    train_fn, _, predict_fn = REF.make_inputs(tf, feats, labels)
+    est.train(train_fn, steps=3)
+    steps = list(est.predict(predict_fn))
+    last = list(estimator.experimental.RNNClassifier(**kwargs).predict(predict_fn))
+    lengths = feats["tokens"][1][:3].sum(axis=1)
+    for step, whole, n in zip(steps, last, lengths):
+        np.testing.assert_array_equal(step["sequence_mask"], np.arange(lengths.max()) < n)
+        assert step["probabilities"].shape == (lengths.max(), 2)
+        np.testing.assert_allclose(step["logits"][n - 1], whole["logits"], rtol=1e-5)
+        np.testing.assert_allclose(step["logits"][n:], np.repeat(step["logits"][n - 1:n],
+                                                                 lengths.max() - n, 0))
+
+    def masked_fn():  # a given mask: every step valid
+        return predict_fn().map(lambda f: {**f, "sequence_mask": tf.ones(
+            tf.stack([tf.shape(f["ctx"])[0], tf.cast(f["tokens"].dense_shape[1], tf.int32)]),
+            tf.bool)})
+    assert all(p["sequence_mask"].all() for p in est.predict(masked_fn))
+    spec = tf.feature_column.make_parse_example_spec(REF.columns(tf, "seq"))
+    path = est.export_saved_model(str(tmp_path / "export"),
+                                  estimator.export.build_parsing_serving_input_receiver_fn(spec))
+    (tokens, mask), (price, _) = feats["tokens"], feats["price"]
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens[i][mask[i]])),
+        "price": tf.train.Feature(float_list=tf.train.FloatList(value=price[i][mask[i]])),
+    })).SerializeToString() for i in range(3)]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        sig = tf.compat.v1.saved_model.load(sess, ["serve"], path).signature_def["predict"]
+        assert "sequence_mask" not in sig.outputs
+        served = sess.run(sig.outputs["probabilities"].name,
+                          {sig.inputs["examples"].name: examples})
+    np.testing.assert_allclose(served, np.stack([p["probabilities"] for p in steps]),
+                               rtol=1e-5)

@@ -6,7 +6,15 @@ the context columns' dense input tiled over time and appended
 (`concatenate_context_input`), then one recurrent layer (one cell per entry of
 `units`, stacked), masked by the sequence lengths (a padded step keeps the
 previous output and state, as Keras' RNN), its last output, then a linear
-`logits` layer of the head's `logits_dimension`.
+`logits` layer of the head's `logits_dimension`. With `return_sequences=True` the
+output of every step (`[batch, time, units]`, a padded step repeats the previous
+output, as Keras' RNN) goes through the logits layer (`[batch, time,
+logits_dimension]`) and the head must be a sequential head
+(`canned.sequential_head.SequentialHeadWrapper`, 2.15's): RNNClassifier wraps its
+head so, with the mask under `sequence_mask` (a bool `[batch, time]` of the steps
+within each sequence's length, unless the features already hold one) and the
+weight column flattened per step; the loss and metrics are then over the valid
+steps, predict() gives every step's predictions and the mask.
 
 The cells are Keras 2's, written in TF1 ops (no Keras needed; their math and
 initialisers: `SimpleRNNCell` tanh; `LSTMCell` gates i, f, c, o, sigmoid
@@ -35,6 +43,7 @@ from lowlevel.errors import LegacyKerasMissing
 from lowlevel.estimator import alias
 from lowlevel.estimator.canned import heads as heads_lib
 from lowlevel.estimator.canned import optimizers
+from lowlevel.estimator.canned import sequential_head as seq_head_lib
 from lowlevel.estimator.estimator import Estimator
 from lowlevel.models.spec import ModeKeys
 
@@ -196,8 +205,9 @@ def _cell_scopes(units, cell_type):
                    for i, n in enumerate(units)]
 
 
-def _builtin_layer(inputs, length, units, cell_type):
-    """The `units` / `cell_type` layer's outputs `[batch, units[-1]]` (in `rnn_model`)."""
+def _builtin_layer(inputs, length, units, cell_type, return_sequences=False):
+    """The `units` / `cell_type` layer's outputs `[batch, units[-1]]` (in `rnn_model`;
+    `[batch, time, units[-1]]` with `return_sequences`)."""
     layer, scopes = _cell_scopes(units, cell_type)
     kind = SIMPLE_RNN if cell_type is USE_DEFAULT else cell_type
     cells, depth = [], inputs.shape[-1]
@@ -205,12 +215,13 @@ def _builtin_layer(inputs, length, units, cell_type):
         with v1.variable_scope(f"{layer}/{scope}", auxiliary_name_scope=False):
             cells.append(_cell_variables(kind, depth, n))
         depth = n
-    return run_cells(cells, inputs, length)
+    return run_cells(cells, inputs, length, return_sequences)
 
 
-def _keras_layer(inputs, length, rnn_cell_fn):
+def _keras_layer(inputs, length, rnn_cell_fn, return_sequences=False):
     """`rnn_cell_fn()`'s Keras 2 cell (or list of cells, stacked) over `inputs`, masked as
-    run_cells; its variables `rnn_model/rnn/[stacked_rnn_cells/]<cell name>/...` (2.15's).
+    run_cells (and its outputs shaped so); its variables
+    `rnn_model/rnn/[stacked_rnn_cells/]<cell name>/...` (2.15's).
     Dropout inside the cells is not applied. LegacyKerasMissing without tf-keras."""
     if not alias.legacy_keras_installed():
         raise LegacyKerasMissing(KERAS_HINT)
@@ -238,27 +249,37 @@ def _keras_layer(inputs, length, rnn_cell_fn):
         return (tf.where(keep, out, previous[0]),
                 [tf.where(keep, n, p) for n, p in zip(states, previous[1])])
     outputs, _ = tf.scan(step, (tf.transpose(inputs, [1, 0, 2]), mask), initializer=initial)
-    return outputs[-1]
+    return tf.transpose(outputs, [1, 0, 2]) if return_sequences else outputs[-1]
 
 
 def rnn_logits(features, sequence_columns, context_columns, units, cell_type, logits_units,
-               rnn_cell_fn=None):
-    """2.15's `RNNModel` call: the logits, float32 `[batch, logits_units]`."""
+               rnn_cell_fn=None, return_sequences=False):
+    """2.15's `RNNModel` call: the logits, float32 `[batch, logits_units]`.
+
+    With `return_sequences`: `(logits [batch, time, logits_units], mask)`, the mask a
+    bool `[batch, time]` of the steps within each sequence's length (2.15's
+    `tf.sequence_mask(sequence_length)`, here padded to the inputs' time dimension).
+    ValueError if `features` is not a dict.
+    """
     if not isinstance(features, dict):
         raise ValueError(f"inputs should be a dictionary of `Tensor`s. Given type: "
                          f"{type(features)}")
     inputs, length = sequence_input(features, sequence_columns, context_columns)
     if rnn_cell_fn is not None:
-        outputs = _keras_layer(inputs, length, rnn_cell_fn)
+        outputs = _keras_layer(inputs, length, rnn_cell_fn, return_sequences)
     with v1.variable_scope("rnn_model", use_resource=True):
         if rnn_cell_fn is None:
-            outputs = _builtin_layer(inputs, length, units, cell_type)
+            outputs = _builtin_layer(inputs, length, units, cell_type, return_sequences)
         with v1.variable_scope("logits"):
             kernel = v1.get_variable("kernel", [outputs.shape[-1], logits_units], tf.float32,
                                      v1.glorot_uniform_initializer())
             bias = v1.get_variable("bias", [logits_units], tf.float32,
                                    v1.zeros_initializer())
-    return tf.matmul(outputs, kernel) + bias
+    if not return_sequences:
+        return tf.matmul(outputs, kernel) + bias
+    logits = tf.tensordot(outputs, kernel, [[2], [0]]) + bias  # Keras' Dense on 3-D
+    logits.set_shape(outputs.shape[:2].concatenate([logits_units]))
+    return logits, tf.sequence_mask(length, tf.shape(inputs)[1])
 
 
 class _ClipNorm:
@@ -290,14 +311,13 @@ def rnn_optimizer(optimizer):
     return opt
 
 
-def _check_cell_args(rnn_cell_fn, units, cell_type, return_sequences):
+def _check_cell_args(head, rnn_cell_fn, units, cell_type, return_sequences):
     """2.15's argument checks, and lowlevel's limits (one line each)."""
+    if return_sequences and not isinstance(head, seq_head_lib.SequentialHead):
+        raise ValueError("Provided head must be a `_SequentialHead` object when "
+                         "`return_sequences` is set to True.")
     if rnn_cell_fn and (units or cell_type is not USE_DEFAULT):
         raise ValueError("units and cell_type must not be specified when using rnn_cell_fn")
-    if return_sequences:
-        raise ValueError("Provided head must be a `_SequentialHead` object when "
-                         "`return_sequences` is set to True. (lowlevel.estimator has no "
-                         "sequential head: use return_sequences=False.)")
     if rnn_cell_fn and not alias.legacy_keras_installed():
         raise LegacyKerasMissing(KERAS_HINT)
     if cell_type is not USE_DEFAULT and cell_type not in _GATES:
@@ -318,20 +338,27 @@ class RNNEstimator(Estimator):
     'simple_rnn' with a list), or `rnn_cell_fn` (returns a Keras 2 cell or a list of
     them), `optimizer` (default 'Adagrad' at 0.05, clipnorm 5).
     Raises ValueError (at construction) for `rnn_cell_fn` together with units or
-    cell_type, an unknown `cell_type`, `return_sequences=True` (no sequential head
-    here); `lowlevel.errors.LegacyKerasMissing` for `rnn_cell_fn` without tf-keras.
+    cell_type, an unknown `cell_type`, `return_sequences=True` with a head that is not a
+    sequential head (`canned.sequential_head.SequentialHeadWrapper`); with one, the
+    logits are `[batch, time, logits_dimension]` and the features get the sequence mask
+    under its `input_sequence_mask_key` unless they hold it;
+    `lowlevel.errors.LegacyKerasMissing` for `rnn_cell_fn` without tf-keras.
     """
 
     def __init__(self, head, sequence_feature_columns, context_feature_columns=None,
                  units=None, cell_type=USE_DEFAULT, rnn_cell_fn=None, return_sequences=False,
                  model_dir=None, optimizer="Adagrad", config=None):
-        _check_cell_args(rnn_cell_fn, units, cell_type, return_sequences)
+        _check_cell_args(head, rnn_cell_fn, units, cell_type, return_sequences)
         sequence_columns = tuple(sequence_feature_columns or ())
         context_columns = tuple(context_feature_columns or ())
 
         def _model_fn(features, labels, mode, config):
             logits = rnn_logits(features, sequence_columns, context_columns, units, cell_type,
-                                head.logits_dimension, rnn_cell_fn)
+                                head.logits_dimension, rnn_cell_fn, return_sequences)
+            if return_sequences:
+                logits, mask = logits
+                if head.input_sequence_mask_key not in features:
+                    features = {**features, head.input_sequence_mask_key: mask}
             opt = rnn_optimizer(optimizer) if mode == ModeKeys.TRAIN else None
             return head.create_estimator_spec(features=features, mode=mode, labels=labels,
                                               optimizer=opt, logits=logits)
@@ -340,8 +367,10 @@ class RNNEstimator(Estimator):
 
 class RNNClassifier(RNNEstimator):
     """tf.estimator.experimental.RNNClassifier (2.15): n_classes 2 -> BinaryClassHead,
-    more -> MultiClassHead; RNNEstimator's arguments plus the heads'. `sequence_mask`
-    is accepted (used only with return_sequences, which is refused here)."""
+    more -> MultiClassHead; RNNEstimator's arguments plus the heads'. With
+    `return_sequences=True` the head is wrapped in a `SequentialHeadWrapper` with the
+    mask key `sequence_mask` and `weight_column` (then a str: TypeError otherwise, as
+    2.15) flattened per step: labels per step, int `[batch, time]` (dense or sparse)."""
 
     def __init__(self, sequence_feature_columns, context_feature_columns=None, units=None,
                  cell_type=USE_DEFAULT, rnn_cell_fn=None, return_sequences=False,
@@ -350,6 +379,11 @@ class RNNClassifier(RNNEstimator):
                  sequence_mask="sequence_mask", config=None):
         head = heads_lib.binary_or_multi_class_head(n_classes, weight_column,
                                                     label_vocabulary, loss_reduction)
+        if return_sequences:
+            v1.logging.info("Converting head to sequential head with "
+                            "`SequentialHeadWrapper` to allow sequential predictions.")
+            head = seq_head_lib.SequentialHeadWrapper(head, sequence_length_mask=sequence_mask,
+                                                      feature_columns=weight_column)
         super().__init__(head, sequence_feature_columns, context_feature_columns, units,
                          cell_type, rnn_cell_fn, return_sequences, model_dir, optimizer,
                          config)
