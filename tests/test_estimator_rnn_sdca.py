@@ -273,22 +273,34 @@ def test_rnn_export_serves_its_predictions(tmp_path):
     train_fn, _, predict_fn = REF.make_inputs(tf, feats, labels)
     est.train(train_fn, steps=5)
     predicted = [p["logistic"][0] for p in est.predict(predict_fn)]
-    spec = tf.feature_column.make_parse_example_spec(
-        REF.columns(tf, "seq") + REF.columns(tf, "ctx"))
-    path = est.export_saved_model(str(tmp_path / "export"),
-                                  estimator.export.build_parsing_serving_input_receiver_fn(spec))
-    (tokens, mask), (price, _) = feats["tokens"], feats["price"]
-    examples = [tf.train.Example(features=tf.train.Features(feature={
-        "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens[i][mask[i]])),
-        "price": tf.train.Feature(float_list=tf.train.FloatList(value=price[i][mask[i]])),
-        "ctx": tf.train.Feature(float_list=tf.train.FloatList(value=feats["ctx"][i])),
-    })).SerializeToString() for i in range(3)]
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        meta = tf.compat.v1.saved_model.load(sess, ["serve"], path)
-        sig = meta.signature_def["predict"]
-        served = sess.run(sig.outputs["logistic"].name,
-                          {sig.inputs["examples"].name: examples})
+    served, _ = _serve(est, tmp_path, feats, "logistic", with_ctx=True)
     np.testing.assert_allclose(served.ravel(), predicted, rtol=1e-5)
+
+
+def _serve(est, tmp_path, feats, output: str, with_ctx: bool):
+    """(`output` of the exported `predict` signature for the first 3 rows of `feats`, served
+    from tf.Examples; the signature's output names)."""
+    import lowlevel.estimator as estimator
+    columns = REF.columns(tf, "seq") + (REF.columns(tf, "ctx") if with_ctx else [])
+    path = est.export_saved_model(str(tmp_path / "export"),
+                                  estimator.export.build_parsing_serving_input_receiver_fn(
+                                      tf.feature_column.make_parse_example_spec(columns)))
+    (tokens, mask), (price, _) = feats["tokens"], feats["price"]
+
+    def example(i):
+        feature = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(
+                       value=tokens[i][mask[i]])),
+                   "price": tf.train.Feature(float_list=tf.train.FloatList(
+                       value=price[i][mask[i]]))}
+        if with_ctx:
+            feature["ctx"] = tf.train.Feature(float_list=tf.train.FloatList(
+                value=feats["ctx"][i]))
+        return tf.train.Example(features=tf.train.Features(feature=feature))
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        sig = tf.compat.v1.saved_model.load(sess, ["serve"], path).signature_def["predict"]
+        served = sess.run(sig.outputs[output].name, {sig.inputs["examples"].name: [
+            example(i).SerializeToString() for i in range(3)]})
+    return served, set(sig.outputs)
 
 
 @pytest.mark.timeout(120)
@@ -321,18 +333,7 @@ def test_rnn_sequences_predict_every_step_and_export(tmp_path):
             tf.stack([tf.shape(f["ctx"])[0], tf.cast(f["tokens"].dense_shape[1], tf.int32)]),
             tf.bool)})
     assert all(p["sequence_mask"].all() for p in est.predict(masked_fn))
-    spec = tf.feature_column.make_parse_example_spec(REF.columns(tf, "seq"))
-    path = est.export_saved_model(str(tmp_path / "export"),
-                                  estimator.export.build_parsing_serving_input_receiver_fn(spec))
-    (tokens, mask), (price, _) = feats["tokens"], feats["price"]
-    examples = [tf.train.Example(features=tf.train.Features(feature={
-        "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=tokens[i][mask[i]])),
-        "price": tf.train.Feature(float_list=tf.train.FloatList(value=price[i][mask[i]])),
-    })).SerializeToString() for i in range(3)]
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        sig = tf.compat.v1.saved_model.load(sess, ["serve"], path).signature_def["predict"]
-        assert "sequence_mask" not in sig.outputs
-        served = sess.run(sig.outputs["probabilities"].name,
-                          {sig.inputs["examples"].name: examples})
+    served, outputs = _serve(est, tmp_path, feats, "probabilities", with_ctx=False)
+    assert "sequence_mask" not in outputs
     np.testing.assert_allclose(served, np.stack([p["probabilities"] for p in steps]),
                                rtol=1e-5)
