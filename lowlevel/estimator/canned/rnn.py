@@ -41,6 +41,7 @@ from tensorflow.python.feature_column import sequence_feature_column as sfc
 
 from lowlevel.errors import LegacyKerasMissing
 from lowlevel.estimator import alias
+from lowlevel.estimator.canned import column_state
 from lowlevel.estimator.canned import heads as heads_lib
 from lowlevel.estimator.canned import optimizers
 from lowlevel.estimator.canned import sequential_head as seq_head_lib
@@ -57,12 +58,13 @@ KERAS_HINT = ("RNNEstimator(rnn_cell_fn=...) runs Keras 2 cells: "
               "pip install -e '.[legacy-keras]' (tf-keras), or give units and cell_type")
 
 
-class _StateManager(fc_v2.StateManager):
+class _StateManager(column_state.ColumnResources):
     """Makes the columns' variables with `tf.compat.v1.get_variable` under
     `<scope>/<column name>/` (Keras' feature layers' names) and keeps their lookup tables."""
 
     def __init__(self, scope, trainable=True):
-        self._scope, self._trainable, self._resources = scope, trainable, {}
+        super().__init__()
+        self._scope, self._trainable = scope, trainable
 
     def get_variable(self, feature_column, name):
         if not isinstance(feature_column, fc_v2.EmbeddingColumn):
@@ -75,15 +77,6 @@ class _StateManager(fc_v2.StateManager):
             return v1.get_variable(name, shape, tf.float32, feature_column.initializer,
                                    trainable=self._trainable and feature_column.trainable,
                                    use_resource=True)
-
-    def has_resource(self, feature_column, name):
-        return (feature_column.name, name) in self._resources
-
-    def add_resource(self, feature_column, name, resource):
-        self._resources[(feature_column.name, name)] = resource
-
-    def get_resource(self, feature_column, name):
-        return self._resources[(feature_column.name, name)]
 
 
 def _by_name(columns):

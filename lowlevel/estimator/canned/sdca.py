@@ -22,6 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.python.feature_column import feature_column_v2 as fc_v2
 
+from lowlevel.estimator.canned import column_state
 from lowlevel.estimator.canned import heads as heads_lib
 from lowlevel.outputs import checkpoints
 from lowlevel.models.spec import ModeKeys
@@ -100,27 +101,15 @@ class LinearSDCA:
         return model, model.minimize(global_step)
 
 
-class LinearModelState(fc_v2.StateManager):
+class LinearModelState(column_state.ColumnResources):
     """A feature-column state manager for `LinearSDCA.get_train_step`: keeps the
     columns' lookup tables, and `get_variable(column, "weights")` returns the global
     variable `linear/linear_model/<column name>/weights` (2.15's linear model's;
     ValueError when there is none). It creates no variables."""
 
-    def __init__(self):
-        self._resources = {}
-
     def get_variable(self, feature_column, name):
         """The model's `name` ("weights") variable of `feature_column`."""
         return _model_variable(feature_column, name)
-
-    def has_resource(self, feature_column, name):
-        return (feature_column.name, name) in self._resources
-
-    def add_resource(self, feature_column, name, resource):
-        self._resources[(feature_column.name, name)] = resource
-
-    def get_resource(self, feature_column, name):
-        return self._resources[(feature_column.name, name)]
 
 
 def _unique_sparse(id_weight_pair):
