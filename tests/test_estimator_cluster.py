@@ -189,6 +189,26 @@ def test_an_early_stop_ends_every_task_with_status_0(hook, sync, ports, tmp_path
     assert clusters.leftovers(model_dir) == []
 
 
+@pytest.mark.timeout(300)
+def test_an_early_stop_wakes_an_evaluator_sleeping_at_evalspecs_defaults(ports, tmp_path):
+    """EvalSpec's defaults: the evaluator sleeps start_delay_secs=120 before its first
+    evaluation and throttle_secs=600 between them. The chief's early stop (a predicate: it
+    needs no evaluation) wakes it: it evaluates the final checkpoint and exits 0 within 30 s
+    of the stop, not minutes later."""
+    _, model_dir, procs = _cluster(ports, tmp_path, "--hook=predicate", "--max_steps=100000",
+                                   "--eval_defaults", script=EARLY)
+    done = clusters.wait_all(procs, 200)
+    logs = {n: (tmp_path / f"{n}.log").read_text() for n in done}
+    assert {n: s for n, (s, _) in done.items()} == {n: 0 for n in done}, \
+        {n: logs[n][-3000:] for n, (s, _) in done.items() if s != 0}
+    ended = clusters.task_events(model_dir, "chief0", "ended_early")
+    assert len(ended) == 1, ended
+    assert done["evaluator0"][1] - ended[0]["unix_time"] < 30, done
+    assert "Waiting 120.000000 secs before starting eval." in logs["evaluator0"]
+    final = int(tf.train.load_variable(str(model_dir), "global_step"))
+    assert _eval_steps(model_dir, "loss") == [final]  # its one evaluation: the final one
+
+
 SDCA = os.path.join(clusters.ROOT, "tests", "estimator_scripts", "sdca_estimator.py")
 
 

@@ -60,6 +60,9 @@ def parse_args(argv):
                           'predicate', 'checkpoint_step', 'none'])
   p.add_argument('--max_steps', type=int, default=3000)
   p.add_argument('--learning_rate', type=float, default=0.003)
+  p.add_argument('--eval_defaults', action='store_true',
+                 help="EvalSpec's defaults (start_delay_secs=120, throttle_secs=600) "
+                      'instead of 0 and 0')
   return p.parse_args(argv)
 
 
@@ -208,8 +211,8 @@ def main(argv):
 
   train_spec = tf.estimator.TrainSpec(train_input_fn, max_steps=args.max_steps,
                                       hooks=hooks)
-  eval_spec = tf.estimator.EvalSpec(eval_input_fn, steps=None,
-                                    start_delay_secs=0, throttle_secs=0)
+  delays = {} if args.eval_defaults else dict(start_delay_secs=0, throttle_secs=0)
+  eval_spec = tf.estimator.EvalSpec(eval_input_fn, steps=None, **delays)
   result = tf.estimator.train_and_evaluate(est, train_spec, eval_spec)
   metrics = result[0] if isinstance(result, tuple) else result
 
