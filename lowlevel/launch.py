@@ -49,6 +49,7 @@ stopped after `PS_AFTER_CHIEF_SECS`, as the ps tasks are.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -60,7 +61,7 @@ from absl import app, flags
 
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
-from lowlevel.ops import isolation, k8s, memory_limits
+from lowlevel.ops import forking, isolation, k8s, memory_limits
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 from lowlevel.runtime import restarts
 
@@ -131,16 +132,21 @@ def task_commands(num_ps: int, num_workers: int, output_dir: str, extra: list[st
     return tasks
 
 
-def preload(verbose: bool = False) -> float:
-    """Imports TensorFlow (graph mode, `lowlevel.tf_import`) into the launcher before it
-    forks its tasks (`lowlevel.ops.forking`); returns the seconds it took.
+def preload(verbose: bool = False, modules: tuple = ()) -> float:
+    """Imports TensorFlow (graph mode, `lowlevel.tf_import`), then `modules`, into the
+    launcher before it forks its tasks (`lowlevel.ops.forking`), so that each task starts
+    past them; returns the seconds it took. Importing them starts no thread or server.
 
     Args:
       verbose: keep TensorFlow's import-time log lines (the tasks' `--verbosity>=1`).
+      modules: module names the tasks import after TensorFlow (`forking.TRAINER_MODULES`).
     """
     started = time.monotonic()
     from lowlevel.tf_import import import_tensorflow
     import_tensorflow(verbose=verbose)
+    for name in modules:
+        importlib.import_module(name)
+    forking.freeze_heap()
     return time.monotonic() - started
 
 
@@ -289,7 +295,7 @@ def _launch_trainer() -> int:
           f"output in {output_dir}", flush=True)
     if FLAGS.metrics_port:
         print(f"launch: {metrics_ports(commands, FLAGS.metrics_port)}", flush=True)
-    return _run(commands, {}, limits, output_dir, FLAGS.fork)
+    return _run(commands, {}, limits, output_dir, FLAGS.fork, preloaded=forking.TRAINER_MODULES)
 
 
 def _launch_script(script_args: list[str]) -> int:
@@ -310,13 +316,13 @@ def _launch_script(script_args: list[str]) -> int:
 
 
 def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str, int],
-         output_dir, fork: bool, after_chief: tuple = ("ps",)) -> int:
+         output_dir, fork: bool, after_chief: tuple = ("ps",), preloaded: tuple = ()) -> int:
     """Starts `commands` (forked from this process with `fork`), supervises them to the
     end and reports it; returns the exit status. `output_dir` (the trainer's; None for a
     script) feeds the live progress line and names the final metrics."""
     started = time.monotonic()
     if fork:
-        preload(verbose=FLAGS.verbosity >= 1)
+        preload(verbose=FLAGS.verbosity >= 1, modules=preloaded)
     # One run for the tasks' restart budgets (lowlevel.runtime.restarts), whatever --output_dir holds.
     os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
     memory = _memory_cgroups(limits)

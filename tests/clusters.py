@@ -31,10 +31,19 @@ def start(argv, log_path, env=None, append=False, cold=False):
                          cold=cold)
 
 
-def run(argv, timeout, env=None, cwd=ROOT) -> subprocess.CompletedProcess:
+def start_on(hosts, host, argv, log_path, env=None):
+    """`start` on `host` of `hosts` (a `netns.Hosts`): forked into its namespaces where it
+    can be (else `ip netns exec`), and killed by `hosts.close()` if still running."""
+    return hosts.track(prefork.start(argv, log_path, env=dict(ENV, **(env or {})),
+                                     netns=hosts.namespaces[host]))
+
+
+def run(argv, timeout, env=None, cwd=ROOT, cold=False) -> subprocess.CompletedProcess:
     """`subprocess.run(argv, capture_output=True, text=True, timeout=timeout)` from the
-    project root, forked from one TensorFlow import where it can be (`prefork`)."""
-    return prefork.run(argv, env=dict(ENV, **(env or {})), cwd=cwd, timeout=timeout)
+    project root, forked from one TensorFlow import where it can be (`prefork`; never
+    with `cold`)."""
+    return prefork.run(argv, env=dict(ENV, **(env or {})), cwd=cwd, timeout=timeout,
+                       cold=cold)
 
 
 def wait_all(procs: dict, timeout_secs: float) -> dict:

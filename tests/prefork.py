@@ -38,9 +38,11 @@ from lowlevel.ops import forking
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The commands forked rather than started cold.
+# The commands forked rather than started cold: those that import TensorFlow. Not
+# `lowlevel.tf_configs`, which never does (a cold start is ~0.25 s, and its 60 runs in the
+# in-process tier were what started a fork server there: ~5 s of CPU per pytest worker).
 FORKED_MODULES = ("lowlevel", "lowlevel.trainer", "lowlevel.launch", "lowlevel.estimator",
-                  "lowlevel.predict", "lowlevel.tf_configs")
+                  "lowlevel.predict")
 # Environment variables read while TensorFlow or lowlevel is imported: a process whose
 # environment sets one to a value other than the server's is started cold.
 _IMPORT_TIME_ENV = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL",
@@ -70,20 +72,24 @@ def forkable(argv: list, env: dict) -> bool:
 
 
 def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
-          cwd: str = ROOT, append: bool = False, cold: bool = False):
+          cwd: str = ROOT, append: bool = False, cold: bool = False,
+          netns: Optional[str] = None):
     """Starts `argv` with its stdout (and stderr, unless `stderr_path`) written to a file
     (appended to with `append`; a FIFO is opened for writing, as a shell would).
 
     Forked when `forkable`, else `subprocess.Popen`; either way returns an object with
     `pid`, `poll()`, `wait(timeout)`, `returncode`, `send_signal()`, `terminate()`,
-    `kill()`. `cold`: never forked (a test of what a cold process shows).
+    `kill()`. `cold`: never forked (a test of what a cold process shows). `netns`: on
+    that host (`lowlevel.testing.netns`): the forked process enters its namespaces as
+    `ip netns exec` would (`netns.enter`), a cold one is started by `ip netns exec`.
     """
     env = dict(os.environ if env is None else env)
     if cold or not forkable(argv, env):
         counts["cold"] += 1
         out = open(stdout_path, "a" if append else "w")
         err = open(stderr_path, "a" if append else "w") if stderr_path else subprocess.STDOUT
-        return subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd, env=env,
+        command = ["ip", "netns", "exec", netns, *argv] if netns else argv
+        return subprocess.Popen(command, stdout=out, stderr=err, cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL)
     _ensure_server()
     for path in filter(None, (stdout_path, stderr_path)):  # there on return, as with Popen
@@ -91,7 +97,7 @@ def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
             open(path, "a" if append else "w").close()
     process = _CONTEXT.Process(target=_child, name=" ".join(argv[2:3] + argv[-2:]),
                                args=(list(argv), env, cwd, str(stdout_path),
-                                     str(stderr_path) if stderr_path else None, append))
+                                     str(stderr_path) if stderr_path else None, append, netns))
     process.start()
     _started.append(process)
     counts["forked"] += 1
@@ -99,14 +105,16 @@ def start(argv: list, stdout_path, stderr_path=None, env: Optional[dict] = None,
 
 
 def run(argv: list, env: Optional[dict] = None, cwd: str = ROOT,
-        timeout: Optional[float] = None) -> subprocess.CompletedProcess:
-    """`subprocess.run(argv, capture_output=True, text=True, timeout=...)`, forked when it can.
+        timeout: Optional[float] = None, cold: bool = False) -> subprocess.CompletedProcess:
+    """`subprocess.run(argv, capture_output=True, text=True, timeout=...)`, forked when it can
+    (never with `cold`: e.g. a usage error, which exits before TensorFlow's import, so
+    that an in-process test starts no fork server).
 
     Raises:
       subprocess.TimeoutExpired: still running after `timeout` seconds (then killed).
     """
     env = dict(os.environ if env is None else env)
-    if not forkable(argv, env):
+    if cold or not forkable(argv, env):
         counts["cold"] += 1
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
@@ -160,8 +168,12 @@ def _ensure_server() -> None:
             os.environ["PYTHONPATH"] = saved
 
 
-def _child(argv, env, cwd, stdout_path, stderr_path, append):
-    """In the forked process: output to the files, then `python -m MODULE ARGS`."""
+def _child(argv, env, cwd, stdout_path, stderr_path, append, netns=None):
+    """In the forked process: onto its host, output to the files, then `python -m MODULE
+    ARGS`."""
+    if netns:
+        from lowlevel.testing import netns as namespaces
+        namespaces.enter(netns)
     mode = os.O_WRONLY | os.O_CREAT | os.O_APPEND  # emptied by `start` unless `append`
     out = os.open(stdout_path, mode, 0o644)
     err = os.open(stderr_path, mode, 0o644) if stderr_path else out

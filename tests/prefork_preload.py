@@ -35,3 +35,12 @@ if not os.path.exists("/dev/nvidiactl"):
 import lowlevel.estimator  # noqa: E402,F401
 import lowlevel.ops.supervisor  # noqa: E402,F401
 import lowlevel.runtime.schedules  # noqa: E402,F401
+# and what a trainer's task imports after them, as the launcher preloads it
+from lowlevel.ops.forking import TRAINER_MODULES  # noqa: E402
+
+for _name in TRAINER_MODULES:
+    __import__(_name)
+# last: what is loaded by now stays out of every forked process's collections
+from lowlevel.ops.forking import freeze_heap  # noqa: E402
+
+freeze_heap()

@@ -10,7 +10,6 @@ tasks of a generated TFJob, async, the same way.)
 """
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -29,11 +28,9 @@ def _run(hosts, tmp_path, commands: dict, envs: dict | None = None, timeout_secs
     procs, logs = {}, {}
     for name, argv in commands.items():
         logs[name] = tmp_path / f"{name}.log"
-        with open(logs[name], "w") as log:
-            procs[name] = hosts.popen(
-                name, [sys.executable, "-m", "lowlevel.trainer", *argv], cwd=clusters.ROOT,
-                env=dict(clusters.ENV, **(envs or {}).get(name, {})), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs[name] = clusters.start_on(hosts, name,
+                                        [sys.executable, "-m", "lowlevel.trainer", *argv],
+                                        logs[name], env=(envs or {}).get(name))
     statuses = clusters.wait_all(procs, timeout_secs)
     for name, (code, _) in statuses.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"

@@ -441,11 +441,9 @@ def _run_tasks(tmp_path, hosts_factory, tasks):
     procs, logs = {}, {}
     for name, (_, tf_config, args) in tasks.items():
         logs[name] = tmp_path / f"{name}.log"
-        with open(logs[name], "w") as log:
-            procs[name] = hosts.popen(
-                name, [sys.executable, "-m", "lowlevel.trainer", *args], cwd=clusters.ROOT,
-                env=dict(clusters.ENV, TF_CONFIG=tf_config), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs[name] = clusters.start_on(hosts, name,
+                                        [sys.executable, "-m", "lowlevel.trainer", *args],
+                                        logs[name], env={"TF_CONFIG": tf_config})
     statuses = clusters.wait_all(procs, 360)
     for name, (code, _) in statuses.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"

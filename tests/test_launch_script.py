@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -32,8 +31,9 @@ TASKS = ("ps0", "worker0", "worker1")
 GUIDE_FLAGS = ("--ps_hosts", "--worker_hosts", "--job_name", "--task_index")
 
 
-def _launch(*flags, timeout=150):
-    return clusters.run([sys.executable, "-m", "lowlevel.launch", *flags], timeout=timeout)
+def _launch(*flags, timeout=150, cold=False):
+    return clusters.run([sys.executable, "-m", "lowlevel.launch", *flags], timeout=timeout,
+                        cold=cold)
 
 
 def _task_lines(stdout: str) -> dict:
@@ -262,7 +262,7 @@ def test_a_scripts_exception_fails_the_run_with_1_naming_the_task(tmp_path):
     (["--script_cluster=tf_config"], "--script_cluster applies only with --script"),
 ])
 def test_launcher_refuses_what_does_not_apply_to_a_script(flags, needle):
-    result = _launch(*flags, timeout=50)
+    result = _launch(*flags, timeout=50, cold=True)  # a usage error: no TensorFlow import
     assert result.returncode == 2, result
     assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -440,10 +440,7 @@ def test_the_tasks_of_a_scripts_plain_jobs_train_to_the_end(tmp_path, hosts_fact
     procs, logs = {}, {}
     for name, (_, argv) in tasks.items():
         logs[name] = tmp_path / f"{name}.log"
-        with open(logs[name], "w") as log:
-            procs[name] = hosts.popen(name, argv, cwd=clusters.ROOT, env=clusters.ENV,
-                                      stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
+        procs[name] = clusters.start_on(hosts, name, argv, logs[name])
     done = clusters.wait_all(procs, 240)
     for name, (code, _) in done.items():
         assert code == 0, f"{name} exited {code}:\n{clusters.tail(logs[name])}"

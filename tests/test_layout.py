@@ -153,6 +153,7 @@ def test_every_cli_help_lists_its_own_flags(command, own_flag):
 
 
 def test_the_trainers_flags_are_shown_by_the_launcher_that_passes_them_on():
-    result = clusters.run([sys.executable, "-m", "lowlevel.launch", "--help"], timeout=120)
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", "--help"], timeout=120,
+                          cold=True)  # --help imports no TensorFlow: no fork server
     assert "lowlevel.trainer (passed on):" in result.stdout
     assert "--step_timeout_secs" in result.stdout

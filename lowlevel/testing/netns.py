@@ -18,6 +18,7 @@ Needs root and iproute2 (`ip`); `unavailable()` says why not, for a skip.
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import os
 import shutil
@@ -51,6 +52,46 @@ def leftovers() -> list[str]:
              for line in _ip("-o", "link", "show", check=False).stdout.splitlines()
              if ":" in line]
     return [n for n in names + links if n.startswith(PREFIX)]
+
+
+# <sched.h>, <sys/mount.h>
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
+_MS_BIND, _MS_REC, _MS_SLAVE, _MNT_DETACH = 4096, 16384, 1 << 19, 2
+
+
+def enter(namespace: str) -> None:
+    """Moves this process onto the host `namespace` as `ip netns exec NAMESPACE` would
+    (iproute2's `netns_switch`): into its network namespace, into a mount namespace of its
+    own (mounts not propagated back) with /sys remounted for that network and every file
+    of `/etc/netns/NAMESPACE/` bound over its namesake in `/etc` (the hosts file).
+
+    For a process forked from one that imported TensorFlow, onto a host, before it
+    starts any thread (threads made afterwards share its namespaces). Python 3.11 has no
+    `os.setns`/`os.unshare`: through libc.
+
+    Raises:
+      OSError: a call failed (not root, no such namespace, a threaded process).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"netns.enter({namespace!r}): {what}: {os.strerror(err)}")
+
+    fd = os.open(f"/var/run/netns/{namespace}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        check(libc.setns(fd, _CLONE_NEWNET), "setns")
+    finally:
+        os.close(fd)
+    check(libc.unshare(_CLONE_NEWNS), "unshare")
+    check(libc.mount(b"", b"/", b"none", _MS_SLAVE | _MS_REC, None), "mount / slave")
+    check(libc.umount2(b"/sys", _MNT_DETACH), "umount /sys")
+    check(libc.mount(namespace.encode(), b"/sys", b"sysfs", 0, None), "mount /sys")
+    etc = f"/etc/netns/{namespace}"
+    for name in sorted(os.listdir(etc)) if os.path.isdir(etc) else ():
+        check(libc.mount(os.path.join(etc, name).encode(), f"/etc/{name}".encode(), b"none",
+                         _MS_BIND, None), f"bind {etc}/{name}")
 
 
 class Hosts:
@@ -111,6 +152,12 @@ class Hosts:
         """Starts `argv` on `host` (`ip netns exec`: the process keeps its pid)."""
         proc = subprocess.Popen(["ip", "netns", "exec", self.namespaces[host], *argv],
                                 **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def track(self, proc):
+        """Counts `proc` (started on one of these hosts another way, e.g. forked into its
+        namespace with `enter`) among the processes `close()` kills; returns it."""
         self._procs.append(proc)
         return proc
 
