@@ -27,7 +27,10 @@ SLOW_FIRST = ("test_network_faults.py", "test_chaos.py", "test_recovery.py", "te
               "test_tf1_programs.py", "test_k8s.py", "test_launch_script.py",
               "test_dynamic_embeddings.py", "test_liveness.py", "test_wide_deep.py",
               "test_ctr_export.py",
-              "test_portable_checkpoints.py", "test_storage.py", "test_trainer.py")
+              "test_portable_checkpoints.py", "test_storage.py", "test_trainer.py",
+              # the in-process tier's longest (1-4 s tests), ahead of its many short ones
+              "test_estimator_bench.py", "test_estimator_rnn_sdca.py", "test_placement.py",
+              "test_estimator_head_metrics.py", "test_ps_products.py", "test_models.py")
 
 
 def pytest_collection_modifyitems(config, items):
