@@ -39,6 +39,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+def pytest_collection_finish(session):
+    """What is loaded by now (TensorFlow, every test module: ~410,000 objects) goes into the
+    collector's permanent generation (`gc.freeze`, `lowlevel.ops.forking.freeze_heap`), so
+    that the tests' own garbage collections, many in graph building, do not scan it again
+    each time."""
+    from lowlevel.ops.forking import freeze_heap
+    freeze_heap()
+
+
 # With three or more workers (scripts/test runs three) the last is the waiting lane: it
 # takes only the tests of these files and these tests ("file::name"), which mostly wait
 # on fault timers and outages (~940 s of wall at ~0.5 of a core, runs 5 and 11's per-test

@@ -146,7 +146,9 @@ def test_tiny_sparse_suite(tmp_path):
             # 100 steps: the byte counters are sampled every 0.1 s, and 20 steps of
             # the fastest trainer (~0.15 s) once held fewer than two samples.
             "--sparse_vocab_size=20000", "--sparse_steps=100", "--sparse_warmup_steps=5",
-            "--sparse_timeout_secs=240"]
+            "--sparse_timeout_secs=240",
+            # rows per shard for 20,000 ids + 10,000 buckets, not the default million
+            "--sparse_dynamic_capacity=40000"]
     returncode, output, seen, _ = clusters.run_watched(argv)  # every process it starts
     assert returncode == 0, output[-5000:]
     result = json.loads((out / "results.json").read_text())
