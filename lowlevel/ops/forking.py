@@ -98,6 +98,7 @@ def freeze_heap() -> None:
     TensorFlow's import, 0.07 s after this (2026-11-27)."""
     gc.freeze()
 
+
 def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
     """Forks this process into the task `argv` (`[python, "-m", "lowlevel.trainer", ...]`).
 
