@@ -7,9 +7,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from lowlevel.tf_import import import_tensorflow  # noqa: E402
 
-import_tensorflow()
+def pytest_configure(config):
+    """TensorFlow imported quietly, in graph mode, before any test module (they import it
+    at the top): in a test process, not in pytest-xdist's controller, which runs no test
+    (its import, ~4 s of CPU, would come before the workers start)."""
+    if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        from lowlevel.tf_import import import_tensorflow
+        import_tensorflow()
 
 
 # scripts/test runs the suite on pytest-xdist workers (`-n`). The tests of each of these
