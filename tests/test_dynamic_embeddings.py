@@ -383,9 +383,10 @@ def test_dynamic_movielens_with_raw_ids_reaches_auc_078(tmp_path):
 @pytest.mark.cluster
 @pytest.mark.timeout(400)
 def test_a_killed_ps_comes_back_with_its_shards_from_the_checkpoint(tmp_path):
-    """SIGKILL of the only ps at global step 1200 (checkpoints every 500): the launcher
-    restarts it, the chief restores the newest checkpoint into the fresh ps (the shards'
-    snapshots: hash tables and rows), and the run ends at step 3000."""
+    """SIGKILL of the only ps after global step `FAULT_AT` (checkpoints every
+    `CHECKPOINT_EVERY`, test_recovery's): the launcher restarts it, the chief restores the
+    newest checkpoint into the fresh ps (the shards' snapshots: hash tables and rows), and
+    the run ends at `TRAIN_STEPS`."""
     import signal
 
     from test_recovery import FAULT_AT, TRAIN_STEPS, Launch  # its cluster harness

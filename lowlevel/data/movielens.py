@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 
 import numpy as np
 
@@ -108,7 +109,7 @@ def load(data_dir: str) -> Ratings:
         if len(table) != expected:
             raise MovieLensError(f"{path}: {len(table):,} rows, expected {expected:,} "
                                  "(truncated, or not MovieLens 100K)")
-    rows = np.array(ratings, dtype=np.int64)
+    rows = ratings
     user_ids, item_ids = rows[:, 0], rows[:, 1]
     for path, ids, table in ((paths[1], user_ids, users), (paths[2], item_ids, items)):
         unknown = sorted(set(ids.tolist()) - set(table))
@@ -179,12 +180,27 @@ def _year(text: str) -> int:
     return int(text) if text.isdigit() else 0
 
 
+def _ratings(path: str, lines: list[str]) -> np.ndarray:
+    """int64 `[len(lines), 4]` (user, item, rating, timestamp) from tab-separated lines.
+
+    One NumPy parse of the whole text (~0.05 s for 100,000 lines, against ~0.4 s a field
+    at a time) where every line is four numbers; otherwise field by field, which takes the
+    first four fields of a longer line and names a line it cannot read (`MovieLensError`).
+    """
+    with warnings.catch_warnings():  # unmatched data: a short count, caught below
+        warnings.simplefilter("ignore", DeprecationWarning)
+        flat = np.fromstring(" ".join(lines).replace("\t", " "), dtype=np.float64, sep=" ")
+    if flat.size == 4 * len(lines) and all(line.count("\t") == 3 for line in lines):
+        return flat.reshape(-1, 4).astype(np.int64)
+    return np.array([[_int(path, x) for x in _fields(path, line, "\t", 4)[:4]]
+                     for line in lines], dtype=np.int64).reshape(-1, 4)
+
+
 def _read(data_path: str, user_path: str, item_path: str, grouplens: bool):
-    """(ratings [[user, item, rating, timestamp]], {user: (age, gender, occupation, zip)},
+    """(ratings int64 `[N, 4]` (user, item, rating, timestamp), {user: (age, gender, occupation, zip)},
     {item: (release year, genre flags)}) from one layout's three files."""
     sep, encoding, header = ("|", "latin-1", False) if grouplens else ("\t", "utf-8", True)
-    ratings = [[_int(data_path, x) for x in _fields(data_path, line, "\t", 4)[:4]]
-               for line in _lines(data_path, header=header)]
+    ratings = _ratings(data_path, _lines(data_path, header=header))
     users = {}
     for line in _lines(user_path, encoding, header):
         uid, age, gender, occupation, zip_code = _fields(user_path, line, sep, 5)[:5]
