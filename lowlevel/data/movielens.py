@@ -109,8 +109,7 @@ def load(data_dir: str) -> Ratings:
         if len(table) != expected:
             raise MovieLensError(f"{path}: {len(table):,} rows, expected {expected:,} "
                                  "(truncated, or not MovieLens 100K)")
-    rows = ratings
-    user_ids, item_ids = rows[:, 0], rows[:, 1]
+    user_ids, item_ids = ratings[:, 0], ratings[:, 1]
     for path, ids, table in ((paths[1], user_ids, users), (paths[2], item_ids, items)):
         unknown = sorted(set(ids.tolist()) - set(table))
         if unknown:
@@ -118,8 +117,8 @@ def load(data_dir: str) -> Ratings:
     user = [users[u] for u in user_ids.tolist()]
     item = [items[i] for i in item_ids.tolist()]
     return Ratings(
-        user_id=user_ids, item_id=item_ids, rating=rows[:, 2], timestamp=rows[:, 3],
-        label=(rows[:, 2] >= LIKED).astype(np.int64),
+        user_id=user_ids, item_id=item_ids, rating=ratings[:, 2], timestamp=ratings[:, 3],
+        label=(ratings[:, 2] >= LIKED).astype(np.int64),
         age=np.array([u[0] for u in user], dtype=np.int64),
         gender=np.array([u[1] for u in user]),
         occupation=np.array([u[2] for u in user]),
@@ -197,8 +196,8 @@ def _ratings(path: str, lines: list[str]) -> np.ndarray:
 
 
 def _read(data_path: str, user_path: str, item_path: str, grouplens: bool):
-    """(ratings int64 `[N, 4]` (user, item, rating, timestamp), {user: (age, gender, occupation, zip)},
-    {item: (release year, genre flags)}) from one layout's three files."""
+    """(ratings int64 `[N, 4]` (user, item, rating, timestamp), {user: (age, gender,
+    occupation, zip)}, {item: (release year, genre flags)}) from one layout's three files."""
     sep, encoding, header = ("|", "latin-1", False) if grouplens else ("\t", "utf-8", True)
     ratings = _ratings(data_path, _lines(data_path, header=header))
     users = {}
