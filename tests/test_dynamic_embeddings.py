@@ -258,6 +258,31 @@ def test_a_checkpoint_restores_every_part(harness_factory, tmp_path):
     assert sum(again.counts()[0]) == 4
 
 
+@pytest.mark.timeout(120)
+def test_free_rows_are_handed_out_once_reused_and_rebuilt_by_a_restore(harness_factory, tmp_path):
+    h = harness_factory(capacity=4, evict_after_steps=1)
+    h.step_on([1, 2, 3], 0)
+    assert h.counts() == ([3], 0, 0)
+    h.step_on([3], 2)  # the sweep at step 2: 1 and 2 (seen at 0) evicted, their rows freed
+    assert h.counts() == ([1], 0, 0)
+    h.step_on([3, 4, 5, 6], 3)  # three free rows for three new ids
+    assert h.counts() == ([4], 0, 0)
+    h.step_on([3, 4, 5, 6, 7], 3)  # no row left: 7 is refused
+    assert h.counts() == ([4], 1, 1)
+    rows = sorted(int(r) for r in h.session.run(h.exports)[0]["keys"])
+    assert rows == [3, 4, 5, 6]
+    path = h.saver.save(h.session, str(tmp_path / "ckpt"))
+    again = harness_factory(capacity=5, evict_after_steps=1)
+    again.saver.restore(again.session, path)
+    again.step_on([3, 4, 5, 6, 8], 4)  # rows 0-3 restored: one free row (of 5), for 8
+    assert again.counts() == ([5], 0, 1)  # 7 still pending; the refusals are not saved
+    snapshot = again.snapshot()
+    assert sorted(snapshot) == [3, 4, 5, 6, 8]
+    assert len({r.tobytes() for r, *_ in snapshot.values()}) == 5  # five rows of their own
+    again.step_on([9], 4)
+    assert again.counts() == ([5], 1, 2)  # full: 9 is refused and waits, no row given twice
+
+
 def test_string_ids_are_64_bit_and_not_folded():
     with tf.Graph().as_default(), v1.Session() as s:
         words = [f"user-{i}" for i in range(20000)]

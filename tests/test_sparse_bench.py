@@ -76,11 +76,27 @@ def test_ratios_are_medians_of_within_round_ratios_and_targets_judge_them():
     status = {k: t["status"] for k, t in sparse.targets(got).items()}
     assert status == {"sparse_bytes_over_limit": "PASS", "sparse_lowlevel_over_classic": "PASS",
                       "sparse_lowlevel_over_tf2_pss": "PASS", "sparse_ps_byte_imbalance": "PASS",
-                      "sparse_ps_rss_over_budget": "SKIP"}
+                      "sparse_ps_rss_over_budget": "SKIP",
+                      # no dynamic run: its two targets are not judged
+                      "sparse_dynamic_over_static": "SKIP", "sparse_dynamic_auc_gap": "SKIP"}
     failed = sparse.targets(dict(got, sparse_bytes_over_limit=1.3,
                                  sparse_lowlevel_over_classic=None))
     assert failed["sparse_bytes_over_limit"]["status"] == "FAIL"
     assert failed["sparse_lowlevel_over_classic"]["status"] == "SKIP"
+
+
+def test_dynamic_tables_are_judged_by_examples_per_sec_and_test_auc_against_static_ones():
+    runs = [dict(_run("lowlevel", 0, 400), auc=0.800), dict(_run("lowlevel_dynamic", 0, 300), auc=0.803),
+            dict(_run("lowlevel", 1, 200), auc=0.790), dict(_run("lowlevel_dynamic", 1, 180), auc=0.799)]
+    got = sparse.ratios(runs, {"total": 1000})
+    assert got["sparse_dynamic_over_static"] == 0.825  # 0.75, 0.9
+    assert got["sparse_dynamic_auc_gap"] == 0.006  # 0.003, 0.009
+    judged = sparse.targets(got)
+    assert judged["sparse_dynamic_over_static"]["status"] == "PASS"
+    assert judged["sparse_dynamic_auc_gap"]["status"] == "FAIL"
+    assert sparse._trainers(["lowlevel_dynamic", "lowlevel"]) == ("lowlevel_dynamic", "lowlevel")
+    with pytest.raises(ValueError, match="unknown dynamic; choose from lowlevel, "):
+        sparse._trainers(["lowlevel", "dynamic"])
 
 
 def test_ps_memory_target_is_peak_rss_over_half_a_gib_plus_1_25_times_the_state():

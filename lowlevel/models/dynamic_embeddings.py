@@ -1,8 +1,8 @@
 """Dynamic embedding tables: raw 64-bit ids, rows created on admission, evicted when stale.
 
 `--embedding=dynamic`, built on TensorFlow's stock ops only:
-`MutableHashTable`, resource variables with gather and scatter, and a
-`CriticalSection` (a `MutexV2` on the ps) per shard.
+`MutableHashTable`, resource variables with gather and scatter, and a lock
+(`MutexV2`, as `tf.CriticalSection` holds) per shard on its ps.
 
 A `DynamicTable` of width `dim` is split into `num_shards` `DynamicShard`s, one
 per ps task; id `x` belongs to shard `mix64(x) mod num_shards` (`shard_of`:
@@ -16,6 +16,9 @@ holds, on its ps:
   row (same row index, written on admission, freed on eviction);
 - `keys`, `counts`, `last_seen`: int64 `[capacity]`, the id of each row, its
   sightings, and the global step that last saw it (-1: the row is free);
+- `free_rows` int64 `[capacity]` and `free_count` int64 scalar: the free rows
+  are `free_rows[:free_count]`, a stack (admission pops, eviction pushes; not
+  checkpointed: a restore rebuilds it);
 - `pending`: a `MutableHashTable` int64 id -> int64 `[2]` (sightings, last
   step seen) of the ids seen but not yet admitted;
 - `default_row`: float32 `[dim]` zeros, what an id without a row reads.
@@ -57,8 +60,11 @@ rate is its own (`learning_rate`), whatever the optimizer of the dense
 variables; under `--sync` its updates are applied per worker step (async).
 
 Costs: a lookup or update moves (unique ids) x (8 + 4 dim) bytes each way; the
-ps's work per lookup is O(unique ids) plus O(capacity) when rows are admitted
-(finding free rows: `tf.where` over `last_seen`) and at a sweep.
+ps's work per lookup is O(unique ids), plus O(capacity) at a sweep (scanning
+`last_seen`). Free rows come off the `free_rows` stack: before, each lookup that
+admitted ids scanned `last_seen` for them, and since a variable updated by
+scatters is in TensorFlow's copy-on-read mode, that read first copied all of it
+(8 x capacity bytes: 8 MB per shard at the default capacity, on most steps).
 """
 
 from __future__ import annotations
@@ -194,12 +200,13 @@ class DynamicShard:
         self.saveable = ShardSaveable(self)
         v1.add_to_collection(SHARDS, self)
 
-    def _variable(self, name, shape, dtype, value):
+    def _variable(self, name, shape, dtype, value, initializer=None):
         var = v1.get_variable(
-            name, shape, dtype, v1.constant_initializer(value), trainable=False,
+            name, shape, dtype, initializer or v1.constant_initializer(value), trainable=False,
             use_resource=True,
             collections=[v1.GraphKeys.GLOBAL_VARIABLES, DYNAMIC_STATE, embeddings.TABLES])
-        self._initial.append((var, value))
+        if initializer is None:
+            self._initial.append((var, value))
         return var
 
     def _make_state(self):
@@ -215,18 +222,47 @@ class DynamicShard:
         self.default_row = self._variable("default_row", [dim], tf.float32, 0.0)
         self.last_sweep = self._variable("last_sweep", [], tf.int64, 0)
         self.refused = self._variable("refused", [], tf.int64, 0)
+        # Popped from the end: rows 0, 1, 2, ... first, as a scan of last_seen gave them.
+        self.free_rows = self._variable(
+            "free_rows", [cap], tf.int64, None,
+            lambda *_, **__: tf.range(cap - 1, -1, -1, dtype=tf.int64))
+        self.free_count = self._variable("free_count", [], tf.int64, cap)
         # checkpoint=False: the shard's snapshot (`ShardSaveable`) saves them, not the tables.
         # Named resources: every worker's graph reaches the same tables on the ps.
         self.index = HashTable(f"{self.scope}/index", -1)
         self.pending = HashTable(f"{self.scope}/pending", [0, -1])
-        self.lock = tf.CriticalSection(name="lock", shared_name=f"{self.scope}/lock")
+        # What tf.CriticalSection holds: a mutex, shared by name by every worker's graph.
+        self.lock = tf.raw_ops.MutexV2(shared_name=f"{self.scope}/lock", name="lock")
 
     def _locked(self, fn, *args):
-        """fn(*args) as one execution of the shard's critical section, on its ps (not where
-        a gradient would colocate it: with the forward op, on the worker)."""
+        """fn(*args) as one call holding the shard's lock, all on its ps (not where a
+        gradient would colocate it: with the forward op, on the worker).
+
+        `tf.CriticalSection.execute`'s protocol (lock after the arguments are computed,
+        the call, release after its outputs) with the arguments first copied to the ps
+        and nothing else leaving it. `execute` made the lock wait on a group of the
+        arguments' ops wherever they ran, and gated its outputs through a group: in
+        a worker's step, more tensors between worker and ps (each its own RPC) than
+        the data itself (benchmarks/NOTES.md, 2026-11-28).
+        The lock still waits for its arguments to arrive: an update holding it while
+        its gradient waits on a lookup of the same shard would deadlock.
+        """
         with v1.colocate_with(None, ignore_existing=True), tf.device(self.device):
-            body = tf.function(fn, autograph=False)
-            return self.lock.execute(lambda: body(*args))
+            args = [tf.identity(a) for a in args]
+            with tf.control_dependencies(args):
+                lock = tf.raw_ops.MutexLock(mutex=self.lock)
+            with tf.control_dependencies([lock]):
+                out = tf.function(fn, autograph=False)(*args)
+            flat = tf.nest.flatten(out)
+            with tf.control_dependencies(flat):
+                released = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)
+            with tf.control_dependencies([released]):
+                return tf.nest.pack_sequence_as(out, [tf.identity(t) for t in flat])
+
+    def on_ps(self, tensor):
+        """`tensor` copied to the shard's ps (a lookup and its update then share one copy)."""
+        with v1.colocate_with(None, ignore_existing=True), tf.device(self.device):
+            return tf.identity(tensor)
 
     # -- lookup -----------------------------------------------------------------
     def lookup(self, ids, sightings, step):
@@ -250,11 +286,13 @@ class DynamicShard:
 
     def _lookup_body(self, ids, sightings, step):
         row = self.index.lookup(ids)
-        self._admit(ids, sightings, row, step)
-        row = self.index.lookup(ids)
+        # Most steps of a long run see no new id: the admission's ~60 ops are skipped then.
+        row = tf.cond(tf.reduce_any(row < 0), lambda: self._admit(ids, sightings, row, step),
+                      lambda: row)
         known = row >= 0
-        seen = tf.boolean_mask(row, known)
-        self.counts.scatter_add(tf.IndexedSlices(tf.boolean_mask(sightings, known), seen))
+        at = tf.where(known)[:, 0]  # the ids with a row
+        seen = tf.gather(row, at)
+        self.counts.scatter_add(tf.IndexedSlices(tf.gather(sightings, at), seen))
         self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(seen), step), seen))
         values = tf.where(known[:, None], tf.gather(self.rows, tf.maximum(row, 0)),
                           self.default_row[None, :])
@@ -265,18 +303,20 @@ class DynamicShard:
         return values
 
     def _admit(self, ids, sightings, row, step):
-        """Counts the sightings of ids without a row; gives rows to those reaching admit_after."""
+        """Counts the sightings of ids without a row; gives rows to those reaching admit_after.
+
+        Returns `row` (int64 `[U]`, -1: none) with the admitted ids' new rows in.
+        """
         new = row < 0
         new_ids, new_sightings = tf.boolean_mask(ids, new), tf.boolean_mask(sightings, new)
         total = self.pending.lookup(new_ids)[:, 0] + new_sightings
         ready = total >= self.admit_after
         wanted = tf.reduce_sum(tf.cast(ready, tf.int64))
-        free = tf.cond(wanted > 0, lambda: tf.where(self.last_seen < 0)[:, 0],  # O(capacity)
-                       lambda: tf.zeros([0], tf.int64))  # most steps: no scan
-        taken = tf.minimum(tf.size(free, tf.int64), wanted)
+        slots = self._take_free_rows(wanted)
+        taken = tf.size(slots, tf.int64)
         order = tf.cumsum(tf.cast(ready, tf.int64))  # 1-based rank among the ready ids
         admitted = tf.logical_and(ready, order <= taken)
-        admitted_ids, slots = tf.boolean_mask(new_ids, admitted), free[:taken]
+        admitted_ids = tf.boolean_mask(new_ids, admitted)
         self.refused.assign_add(wanted - taken)
         waiting = tf.logical_not(admitted)
         waiting_ids = tf.boolean_mask(new_ids, waiting)
@@ -285,6 +325,24 @@ class DynamicShard:
         self.pending.remove(admitted_ids)
         self._fill(slots, admitted_ids, tf.boolean_mask(total - new_sightings, admitted))
         self.index.insert(admitted_ids, slots)
+        where = tf.boolean_mask(tf.where(new)[:, 0], admitted)  # the admitted ids' positions
+        return tf.tensor_scatter_nd_update(row, where[:, None], slots)
+
+    def _take_free_rows(self, wanted):
+        """Pops min(wanted, free) rows off the free stack -> int64 `[taken]`, lowest first."""
+        count = self.free_count.read_value()
+        taken = tf.minimum(count, wanted)
+        # A gather, not a slice: a whole read of a scattered variable copies it all.
+        slots = tf.gather(self.free_rows, tf.range(count - 1, count - taken - 1, -1))
+        self.free_count.assign_sub(taken)
+        return slots
+
+    def _give_back(self, rows):
+        """Pushes int64 `rows` `[n]` (just freed) onto the free stack."""
+        count = self.free_count.read_value()
+        self.free_rows.scatter_update(tf.IndexedSlices(
+            rows, tf.range(count, count + tf.size(rows, tf.int64))))
+        self.free_count.assign_add(tf.size(rows, tf.int64))
 
     def _fill(self, slots, ids, counts):
         """Writes new rows `slots` for `ids`: initial row, optimizer slots, key, prior count."""
@@ -304,6 +362,7 @@ class DynamicShard:
         self.index.remove(tf.gather(self.keys, stale))
         self.last_seen.scatter_update(
             tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale))
+        self._give_back(stale)
         pending_ids, pending_values = self._pending_entries()
         old = step - pending_values[:, 1] > self.evict_after_steps
         self.pending.remove(tf.boolean_mask(pending_ids, old))
@@ -330,16 +389,20 @@ class DynamicShard:
 
     def _apply_body(self, ids, grads):
         row = self.index.lookup(ids)
-        known = row >= 0
-        row, g = tf.boolean_mask(row, known), tf.boolean_mask(grads, known)
-        step = (self._adagrad if self.optimizer == "adagrad" else self._adam)(row, g)
-        self.rows.scatter_sub(tf.IndexedSlices(step, row))
+        at = tf.where(row >= 0)[:, 0]  # the ids with a row
+        row, g = tf.gather(row, at), tf.gather(grads, at)
+        if self.optimizer == "adagrad":
+            self._adagrad(row, g)
+        else:
+            self.rows.scatter_sub(tf.IndexedSlices(self._adam(row, g), row))
         return tf.size(row)
 
     def _adagrad(self, row, g):
-        acc = tf.gather(self.slots["accumulators"], row) + tf.square(g)
-        self.slots["accumulators"].scatter_update(tf.IndexedSlices(acc, row))
-        return self.learning_rate * g * tf.math.rsqrt(acc)
+        """acc += g^2; row -= lr g / sqrt(acc): TensorFlow's fused sparse Adagrad (one op, not
+        a gather, two scatters and the arithmetic between)."""
+        tf.raw_ops.ResourceSparseApplyAdagrad(
+            var=self.rows.handle, accum=self.slots["accumulators"].handle,
+            lr=tf.constant(self.learning_rate, tf.float32), grad=g, indices=row)
 
     def _adam(self, row, g, beta1=0.9, beta2=0.999, epsilon=1e-8):
         m_var, v_var, t_var = (self.slots[k] for k in ("m", "v", "updates"))
@@ -399,6 +462,9 @@ class DynamicShard:
         slots = tf.range(n)
         for var, value in self._initial:  # a restore replaces the initialisation
             var.assign(tf.fill(var.shape, tf.constant(value, var.dtype)))
+        # The free stack as initialised (rows capacity-1 .. 0), its top n taken: rows 0..n-1.
+        self.free_rows.assign(tf.range(self.capacity - 1, -1, -1, dtype=tf.int64))
+        self.free_count.assign(self.capacity - n)
         targets = [self.rows, *self.slots.values(), self.counts, self.last_seen]
         self.keys.scatter_update(tf.IndexedSlices(keys, slots))
         for var, value in zip(targets, per_row):
@@ -493,6 +559,7 @@ class DynamicTable:
             found = [s.read(i) for s, i in zip(self.shards, shard_ids)]
             out = tf.gather(tf.dynamic_stitch(positions, found), index)
         else:
+            shard_ids = [s.on_ps(i) for s, i in zip(self.shards, shard_ids)]  # sent once
             found = [s.lookup(i, c, step)
                      for s, i, c in zip(self.shards, shard_ids, shard_counts)]
             rows = self._trained(tf.dynamic_stitch(positions, found), positions, shard_ids)
@@ -506,7 +573,8 @@ class DynamicTable:
             def grad(dy):
                 updates = [s.apply_gradients(i, tf.gather(dy, p))
                            for s, i, p in zip(self.shards, shard_ids, positions)]
-                with tf.control_dependencies(updates):
+                # made where the anchor's update runs: no zeros sent from the worker
+                with tf.device(self.anchor.device), tf.control_dependencies(updates):
                     return None, tf.zeros_like(anchor)
             return tf.identity(unique_rows), grad
         return trained(rows, self.anchor.read_value() if hasattr(self.anchor, "read_value")
