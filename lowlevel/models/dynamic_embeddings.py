@@ -252,12 +252,21 @@ class DynamicShard:
             with tf.control_dependencies(args):
                 lock = tf.raw_ops.MutexLock(mutex=self.lock)
             with tf.control_dependencies([lock]):
-                out = tf.function(fn, autograph=False)(*args)
+                out = self._function(fn)(*args)
             flat = tf.nest.flatten(out)
             with tf.control_dependencies(flat):
                 released = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)
             with tf.control_dependencies([released]):
                 return tf.nest.pack_sequence_as(out, [tf.identity(t) for t in flat])
+
+    def _function(self, fn):
+        """`fn` (one of the shard's bodies) as a `tf.function`, made once per shard: a
+        model built twice (the exact mode, training then evaluation in one graph) reuses
+        each trace instead of tracing its ~100 ops again (~0.2 s each)."""
+        functions = self.__dict__.setdefault("_functions", {})
+        if fn.__name__ not in functions:
+            functions[fn.__name__] = tf.function(fn, autograph=False)
+        return functions[fn.__name__]
 
     def on_ps(self, tensor):
         """`tensor` copied to the shard's ps (a lookup and its update then share one copy)."""
