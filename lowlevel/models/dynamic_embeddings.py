@@ -45,7 +45,7 @@ stream):
   up again under the shard's lock: a row evicted (and maybe given to another
   id) since the forward lookup is not touched; ids without a row get nothing.
 - **Consistency**: lookup, update, checkpoint export and restore of a shard
-  each run as one `CriticalSection` execution on its ps, so none interleaves
+  each run as one call holding the shard's lock on its ps, so none interleaves
   with another: a checkpoint's keys, rows, accumulators, counts and last-seen
   steps are one snapshot of the shard (DeepRec #1023 is rows and slots
   saved at different moments). `DynamicShard.saveable` is that snapshot, one
@@ -193,6 +193,7 @@ class DynamicShard:
         self.sweep_every_steps, self.stddev, self.seed = sweep_every_steps, stddev, seed
         self.learning_rate, self.initial_accumulator = learning_rate, initial_accumulator
         self.optimizer = optimizer
+        self._functions = {}  # body name -> tf.function (`_function`)
         with v1.variable_scope(name):
             self.scope = v1.get_variable_scope().name
             self._make_state()
@@ -247,7 +248,7 @@ class DynamicShard:
         The lock still waits for its arguments to arrive: an update holding it while
         its gradient waits on a lookup of the same shard would deadlock.
         """
-        with v1.colocate_with(None, ignore_existing=True), tf.device(self.device):
+        with self._here():
             args = [tf.identity(a) for a in args]
             with tf.control_dependencies(args):
                 lock = tf.raw_ops.MutexLock(mutex=self.lock)
@@ -261,16 +262,21 @@ class DynamicShard:
 
     def _function(self, fn):
         """`fn` (one of the shard's bodies) as a `tf.function`, made once per shard: a
-        model built twice (the exact mode, training then evaluation in one graph) reuses
-        each trace instead of tracing its ~100 ops again (~0.2 s each)."""
-        functions = self.__dict__.setdefault("_functions", {})
-        if fn.__name__ not in functions:
-            functions[fn.__name__] = tf.function(fn, autograph=False)
-        return functions[fn.__name__]
+        model built twice in one graph (the exact mode's two builds) reuses each trace
+        (a dynamic run's start-up 2 s shorter, benchmarks/NOTES.md 2026-11-28)."""
+        if fn.__name__ not in self._functions:
+            self._functions[fn.__name__] = tf.function(fn, autograph=False)
+        return self._functions[fn.__name__]
+
+    @contextlib.contextmanager
+    def _here(self):
+        """Ops made within run on the shard's ps, whatever they would be colocated with."""
+        with v1.colocate_with(None, ignore_existing=True), tf.device(self.device):
+            yield
 
     def on_ps(self, tensor):
         """`tensor` copied to the shard's ps (a lookup and its update then share one copy)."""
-        with v1.colocate_with(None, ignore_existing=True), tf.device(self.device):
+        with self._here():
             return tf.identity(tensor)
 
     # -- lookup -----------------------------------------------------------------
