@@ -21,9 +21,10 @@ from lowlevel.errors import UsageError
 MODELS = ("softmax", "mlp", "cnn", "wide_deep")
 # A user's function on the command line: package.module:function (`lowlevel.models.user`).
 USER_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
-DATASETS = ("digits", "mnist", "synthetic", "movielens", "synthetic_ctr")
-# The data sets of the click-through model (`lowlevel.data.ctr`); the others are images.
-CTR_DATASETS = ("movielens", "synthetic_ctr")
+DATASETS = ("digits", "mnist", "synthetic", "movielens", "synthetic_ctr", "criteo_files")
+# The data sets of the click-through model (`lowlevel.data.ctr`, `ctr_files`); the others
+# are images.
+CTR_DATASETS = ("movielens", "synthetic_ctr", "criteo_files")
 OPTIMIZERS = ("adagrad", "sgd", "momentum", "adam")
 
 # What a task does (`--schedule`), as in tensor2tensor, and which jobs may do it;
@@ -118,8 +119,19 @@ class TrainConfig:
     dataset: str = _field(
         "digits", "Data set. digits is scikit-learn's bundled 8x8 handwritten digits (no "
         "download); synthetic is learnable random data of MNIST shape; movielens (MovieLens "
-        "100K ratings, label rating >= 4; scripts/get_movielens fetches it) and synthetic_ctr "
-        "(Criteo-shaped clicks) are for --model=wide_deep.", choices=DATASETS)
+        "100K ratings, label rating >= 4; scripts/get_movielens fetches it), synthetic_ctr "
+        "(Criteo-shaped clicks) and criteo_files (Criteo-layout click logs in "
+        "--train_files/--eval_files) are for --model=wide_deep.", choices=DATASETS)
+    train_files: Optional[str] = _field(
+        None, "criteo_files: the training files, comma-separated globs of Criteo-layout "
+        "lines (label, I1-I13, C1-C26, tab-separated; .gz read as gzip; "
+        "python -m lowlevel.data.make_criteo writes some). Each worker reads every "
+        "num_workers-th file.")
+    eval_files: Optional[str] = _field(
+        None, "criteo_files: the files the chief and the evaluator evaluate on (globs).")
+    skip_bad_lines: bool = _field(
+        False, "criteo_files: drop a malformed line instead of stopping the run at it "
+        "(the stop names its file and line).")
     data_dir: Optional[str] = _field(
         None, "Directory with mnist.npz or the four MNIST IDX files (.gz or not); default: "
         "Keras' cache (~/.keras/datasets/mnist.npz) if it holds the file, else the 5,000 "
@@ -135,7 +147,8 @@ class TrainConfig:
         0.0, "wide_deep: L2 weight on the embedding rows each batch looks up (their gradient "
         "gains weight/batch x row; stays sparse). movielens default: 0.05.", minimum=0)
     vocab_size: int = _field(
-        100000, "synthetic_ctr: table rows over all 26 categorical fields, spread with Criteo's "
+        100000, "synthetic_ctr, criteo_files: table rows over all 26 categorical fields, "
+        "spread with Criteo's "
         "skew (10000000 x --embedding_dim=16 is 640 MB of table).", minimum=26)
     embedding: str = _field(
         "static", "wide_deep: static embedding tables (every id mapped into [0, rows) by the "
@@ -333,6 +346,10 @@ class TrainConfig:
             raise UsageError(
                 f"--model={self.model} --dataset={self.dataset}: the wide_deep model trains on "
                 f"{' or '.join(CTR_DATASETS)} and the image models on the others")
+        if self.dataset == "criteo_files" and not (self.train_files and self.eval_files):
+            raise UsageError("--dataset=criteo_files: give --train_files and --eval_files "
+                             "(globs of Criteo-layout files; python -m lowlevel.data."
+                             "make_criteo writes some)")
         if self.embedding == "dynamic" and self.model != "wide_deep":
             raise UsageError(f"--embedding=dynamic: dynamic embedding tables are wide_deep's "
                              f"(--model={self.model} has none)")

@@ -120,7 +120,11 @@ def test_ratios_are_medians_of_within_round_ratios_and_targets_judge_them():
     assert got["estimator_1ps1w_over_lowlevel_1ps1w_noproducts"] is None  # never ran
     status = {k: t["status"] for k, t in estimator_suite.targets(got).items()}
     assert status == {"estimator_1ps1w_over_classic_1ps1w": "PASS",
-                      "estimator_1ps2w_over_classic_1ps2w": "FAIL"}
+                      "estimator_1ps2w_over_classic_1ps2w": "FAIL",
+                      "estimator_1ps1w_over_lowlevel_1ps1w_noproducts": "SKIP",
+                      "estimator_1ps2w_over_lowlevel_1ps2w_noproducts": "SKIP"}
+    assert estimator_suite.targets({"estimator_1ps2w_over_lowlevel_1ps2w_noproducts": 0.969})[
+        "estimator_1ps2w_over_lowlevel_1ps2w_noproducts"]["status"] == "FAIL"
     assert estimator_suite.targets({})["estimator_1ps1w_over_classic_1ps1w"]["status"] == "SKIP"
     assert estimator_suite.targets(
         {"estimator_1ps1w_over_classic_1ps1w": 1.0})[

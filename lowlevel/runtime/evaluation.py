@@ -160,8 +160,9 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
     os.makedirs(eval_dir, exist_ok=True)
     records_path = output_layout.eval_records(config.output_dir, on_train_data)
     records = _read_records(records_path)
-    logging.info("evaluator: watching %s for checkpoints; evaluating on the %s split (%d "
-                 "examples) until global step %d", config.output_dir, split_name, len(split),
+    size = getattr(split, "description", None) or f"{len(split)} examples"
+    logging.info("evaluator: watching %s for checkpoints; evaluating on the %s split (%s) "
+                 "until global step %d", config.output_dir, split_name, size,
                  config.train_steps)
     writer = v1.summary.FileWriter(eval_dir, graph=None)
     built = None  # at the first checkpoint

@@ -4,9 +4,12 @@ Between-graph replication as for the built-in models (`graph`): the worker
 builds the whole graph with its variables on the ps tasks, byte-balanced
 (`placement`, measured by building the model once in a scratch graph), calls
 the training `input_fn` and the `model_fn` in TRAIN mode, and runs the step the
-model_fn built, with three changes that leave the model_fn as it is
-(`modes.optimizer_capture`):
+model_fn built, with four changes that leave the model_fn as it is
+(`modes.optimizer_capture`, `modes.fused_transfer`):
 
+- on a cluster, the small variables the worker reads come from one read per ps,
+  and their gradients go back in one tensor per ps (the built-in models' fused
+  transfer, applied to the built graph: `fused_transfer`);
 - async, its optimizer's apply with the global step becomes the counted update
   (`exact.counted_update`): the run ends at exactly the last step;
 - `--sync` wraps that optimizer in a `SyncReplicasOptimizer`; a model_fn that
@@ -38,7 +41,7 @@ from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.modes import exact, optimizer_capture
+from lowlevel.modes import exact, fused_transfer, optimizer_capture
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.runtime import hooks, placement
 from lowlevel.runtime import progress as progress_lib
@@ -70,9 +73,13 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             sync = bool(config.sync and cluster)
             num_workers = (cluster.num_workers or 1) if cluster else 1
             replicas = config.replicas_to_aggregate or num_workers
-            made = _StepMaker(config, cluster, task, global_step, sync, replicas, num_workers)
+            worker = (placement.worker_device(task.task_index, worker_gpu, task.job_name)
+                      if cluster else None)
+            made = _StepMaker(config, worker, global_step, sync, replicas, num_workers, cluster)
             with optimizer_capture.capture(global_step, made.update, made.sync_hook) as cap:
                 spec = _call_model_fn(model, features, labels)
+            if worker:
+                fused_transfer.fuse_reads(graph, v1.global_variables(), worker)
             if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
                 warm_start_lib.warm_start(model.warm_start)
             step = _step_value(spec, cap, global_step, config.train_steps, cluster, model)
@@ -114,11 +121,15 @@ def _device(config: TrainConfig, model: ModelFnModel, cluster: Cluster, task: Ta
 
 
 class _StepMaker:
-    """What the captured optimizer's apply becomes, and the sync hook (`optimizer_capture`)."""
+    """What the captured optimizer's apply becomes, and the sync hook (`optimizer_capture`).
 
-    def __init__(self, config: TrainConfig, cluster, task, global_step, sync: bool,
-                 replicas: int, num_workers: int):
-        self._config, self._cluster, self._task = config, cluster, task
+    `worker_device`: the worker's compute device, where its small gradients are fused
+    into one tensor per ps (`fused_transfer`); None in one process.
+    """
+
+    def __init__(self, config: TrainConfig, worker_device: Optional[str], global_step,
+                 sync: bool, replicas: int, num_workers: int, cluster=None):
+        self._config, self._cluster, self._worker = config, cluster, worker_device
         self._global_step = global_step
         self._sync, self._replicas, self._num_workers = sync, replicas, num_workers
         self.sync_hooks: list = []
@@ -126,6 +137,8 @@ class _StepMaker:
 
     def update(self, opt, grads_and_vars):
         """The mode's update of `grads_and_vars`: int64, the global step after it."""
+        if self._worker:
+            grads_and_vars = fused_transfer.fuse_gradients(grads_and_vars, self._worker)
         if not self._sync:
             return exact.counted_update(opt, grads_and_vars, self._global_step,
                                         self._config.train_steps)

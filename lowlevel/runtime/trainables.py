@@ -42,8 +42,10 @@ class Builtin:
     def __init__(self, config: TrainConfig):
         from lowlevel.data import catalogue
         self.data = catalogue.load_for(config)
-        self.description = (f"{config.model} on {self.data.name} ({len(self.data.train)} "
-                            f"train / {len(self.data.test)} test examples)")
+        self.description = f"{config.model} on " + (
+            self.data.description if hasattr(self.data, "description") else
+            f"{self.data.name} ({len(self.data.train)} train / {len(self.data.test)} test "
+            "examples)")
 
     def build(self, config: TrainConfig, cluster: Optional[Cluster], task: Task,
               worker_gpu: int, preempted: threading.Event):

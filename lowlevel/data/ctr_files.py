@@ -1,0 +1,92 @@
+"""`--dataset=criteo_files`: Criteo-layout click logs read from files by each worker's graph.
+
+The in-memory click-through sets (`ctr`) are loaded whole by every task; this one is
+read as it trains (`criteo.dataset`: `tf.data` in the worker's graph), so the files may
+be larger than memory. Each worker reads every num_workers-th training file (or, with
+fewer files than workers, every num_workers-th line), shuffled by file and by batch,
+epoch after epoch. The chief's final evaluation and the evaluator read `--eval_files`
+once per evaluation. The features are `wide_deep`'s (`ctr.CtrSplit`'s columns): 13
+dense, 26 categorical fields with `ctr.criteo_field_sizes(--vocab_size)` rows, 3 crosses
+into `--hash_buckets` rows.
+
+What this is not yet: each worker's share is fixed by its index, so a worker that dies
+leaves its files unread until it is back, and a resized job reads with the old split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from lowlevel.data import criteo, ctr
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSplit:
+    """A split held in files: `files` (paths), `skip_bad_lines` (drop malformed lines)."""
+
+    files: tuple[str, ...]
+    skip_bad_lines: bool = False
+
+    @property
+    def description(self) -> str:
+        size = sum(os.path.getsize(f) for f in self.files)
+        return f"{len(self.files)} file(s), {size / 1e6:,.1f} MB"
+
+
+@dataclasses.dataclass(frozen=True)
+class CtrFileSet:
+    """The click-through data set of Criteo-layout files (the interface of `ctr.CtrDataSet`)."""
+
+    train: FileSplit
+    test: FileSplit
+    field_sizes: tuple[int, ...]
+    hash_buckets: int
+    name: str = "criteo_files"
+    field_names: tuple[str, ...] = tuple(f"C{i + 1}" for i in range(criteo.NUM_CATEGORICAL))
+    cross_names: tuple[str, ...] = criteo.CROSS_NAMES
+    num_classes: int = 2
+    max_value: float = 1.0
+    num_dense: int = criteo.NUM_INTEGER
+
+    @property
+    def description(self) -> str:
+        return f"{self.name} ({self.train.description} train / {self.test.description} test)"
+
+    def train_iterator(self, batch_size: int, num_shards: int, shard: int, seed: int):
+        """Worker `shard`'s input, as `ctr.train_iterator` gives it (no feed: files)."""
+        import tensorflow as tf
+        ds = criteo.dataset(self.train.files, batch_size, self.field_sizes, self.hash_buckets,
+                            num_shards, shard, shuffle_seed=seed + shard,
+                            skip_bad_lines=self.train.skip_bad_lines)
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        return it.initializer, {}, it
+
+    def eval_input(self, split: FileSplit, batch_size: int = 1000):
+        """`split` once, in order, as `ctr.eval_input` gives it."""
+        import tensorflow as tf
+        ds = criteo.dataset(split.files, batch_size, self.field_sizes, self.hash_buckets,
+                            repeat=False, drop_remainder=False,
+                            skip_bad_lines=split.skip_bad_lines)
+        it = tf.compat.v1.data.make_initializable_iterator(ds)
+        return it.initializer, {}, it.get_next()
+
+    def probe_inputs(self) -> dict:
+        return ctr.probe_features(self)
+
+
+def load(train_files: str, eval_files: str, vocab_size: int, hash_buckets: int,
+         skip_bad_lines: bool = False) -> CtrFileSet:
+    """The data set of `--train_files` and `--eval_files` (comma-separated globs).
+
+    Raises:
+      errors.UsageError: a glob matches no file or mixes .gz and plain files; a file
+        cannot be read, or its first line is not of the layout (`criteo.check_readable`).
+    """
+    train = criteo.resolve(train_files, "--train_files")
+    test = criteo.resolve(eval_files, "--eval_files")
+    for paths, flag in ((train, "--train_files"), (test, "--eval_files")):
+        for path in paths:
+            criteo.check_readable(path, flag)
+    return CtrFileSet(FileSplit(tuple(train), skip_bad_lines), FileSplit(tuple(test),
+                      skip_bad_lines), ctr.criteo_field_sizes(vocab_size), hash_buckets)
