@@ -11,7 +11,7 @@ import tensorflow as tf
 from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.modes import fused_transfer
+from lowlevel.modes import exact, fused_transfer
 from lowlevel.runtime import model_graph
 
 v1 = tf.compat.v1
@@ -144,7 +144,7 @@ def test_a_model_fn_on_two_ps_moves_one_small_read_and_one_gradient_per_ps(tmp_p
     train = model_graph.build(config, _benchmark_model(tmp_path), cluster, Task("worker", 0))
     graph = train.graph
     small = {v.op.name: v for v in graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)
-             if v.shape.num_elements() * 4 < fused_transfer.SMALL_BYTES}
+             if v.shape.num_elements() * 4 < exact.SMALL_BYTES}
     assert len(small) >= 4, small  # the biases and the last kernel
     for name, v in small.items():
         reads = [op for op in graph.get_operations()

@@ -47,9 +47,8 @@ class SmallVariables:
         self._device = worker_device
         self._groups = collections.defaultdict(list)  # ps device -> [variable]
         for v in variables:
-            whole = getattr(v, "_save_slice_info", None) is None
             # An embedding table stays a variable: its gradient must stay sparse.
-            if whole and not embeddings.is_table(v) and v.shape.is_fully_defined() and _bytes(v) < SMALL_BYTES:
+            if is_small(v) and not embeddings.is_table(v):
                 self._groups[v.device].append(v)
         self._groups = {d: vs for d, vs in self._groups.items() if len(vs) > 1}
         self._values: dict[str, object] = {}
@@ -131,5 +130,9 @@ def counted_update(opt, grads_and_vars, global_step, last_step: int,
             return previous + 1
 
 
-def _bytes(v) -> int:
-    return v.shape.num_elements() * v.dtype.base_dtype.size
+def is_small(v) -> bool:
+    """Whether variable `v` travels fused: whole (not a partition's shard), of known shape,
+    under `SMALL_BYTES`."""
+    whole = getattr(v, "_save_slice_info", None) is None
+    return (whole and v.shape.is_fully_defined() and
+            v.shape.num_elements() * v.dtype.base_dtype.size < SMALL_BYTES)

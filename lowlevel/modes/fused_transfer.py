@@ -34,7 +34,7 @@ import collections
 import tensorflow as tf
 from absl import logging
 
-from lowlevel.modes.exact import SMALL_BYTES
+from lowlevel.modes.exact import is_small
 
 v1 = tf.compat.v1
 
@@ -55,7 +55,7 @@ def fuse_reads(graph: tf.Graph, variables, worker_device: str) -> list:
         consumers = _worker_consumers(v, reads.get(id(_handle_op(v)), []))
         if consumers is None:
             kept.append(v)
-        elif consumers and _small(v):
+        elif consumers and is_small(v):
             groups[(v.device, v.dtype.base_dtype)].append((v, consumers))
     fused, reads = [], 0
     for (device, _), members in groups.items():
@@ -90,7 +90,7 @@ def fuse_gradients(grads_and_vars, worker_device: str) -> list:
     pairs = list(grads_and_vars)
     groups = collections.defaultdict(list)  # (ps device, dtype) -> [index in pairs]
     for i, (g, v) in enumerate(pairs):
-        if isinstance(g, tf.Tensor) and _small(v) and g.shape.is_fully_defined():
+        if isinstance(g, tf.Tensor) and is_small(v) and g.shape.is_fully_defined():
             groups[(v.device, g.dtype.base_dtype)].append(i)
     for (device, _), indices in groups.items():
         if len(indices) < 2:
@@ -102,13 +102,6 @@ def fuse_gradients(grads_and_vars, worker_device: str) -> list:
             for i, piece in zip(indices, pieces):
                 pairs[i] = (tf.reshape(piece, pairs[i][1].shape), pairs[i][1])
     return pairs
-
-
-def _small(v) -> bool:
-    """A whole (unpartitioned) variable of known shape under `SMALL_BYTES`."""
-    whole = getattr(v, "_save_slice_info", None) is None
-    return (whole and v.shape.is_fully_defined() and
-            v.shape.num_elements() * v.dtype.base_dtype.size < SMALL_BYTES)
 
 
 def _handle_op(v):
