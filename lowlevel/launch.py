@@ -285,8 +285,7 @@ def _launch_trainer() -> int:
     config = cli.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
     if config.dataset == "criteo_files":  # the globs match, the files read (first lines)
         from lowlevel.data import ctr_files
-        ctr_files.load(config.train_files, config.eval_files, config.vocab_size,
-                       config.hash_buckets, config.skip_bad_lines)
+        ctr_files.check(config.train_files, config.eval_files)
     limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")

@@ -75,9 +75,9 @@ class CtrFileSet:
         return ctr.probe_features(self)
 
 
-def load(train_files: str, eval_files: str, vocab_size: int, hash_buckets: int,
-         skip_bad_lines: bool = False) -> CtrFileSet:
-    """The data set of `--train_files` and `--eval_files` (comma-separated globs).
+def check(train_files: str, eval_files: str) -> tuple[list[str], list[str]]:
+    """The files of `--train_files` and `--eval_files` (comma-separated globs), each opened
+    and its first line checked (the launcher calls this before it starts anything).
 
     Raises:
       errors.UsageError: a glob matches no file or mixes .gz and plain files; a file
@@ -88,5 +88,12 @@ def load(train_files: str, eval_files: str, vocab_size: int, hash_buckets: int,
     for paths, flag in ((train, "--train_files"), (test, "--eval_files")):
         for path in paths:
             criteo.check_readable(path, flag)
+    return train, test
+
+
+def load(train_files: str, eval_files: str, vocab_size: int, hash_buckets: int,
+         skip_bad_lines: bool = False) -> CtrFileSet:
+    """The data set of `--train_files` and `--eval_files` (`check`'s files and errors)."""
+    train, test = check(train_files, eval_files)
     return CtrFileSet(FileSplit(tuple(train), skip_bad_lines), FileSplit(tuple(test),
                       skip_bad_lines), ctr.criteo_field_sizes(vocab_size), hash_buckets)
