@@ -213,8 +213,16 @@ class TrainConfig:
     log_every_secs: float = _seconds(2.0, "Seconds between progress lines.")
     # Resources and timeouts.
     worker_gpu: Optional[int] = _field(
-        None, "GPUs per worker (worker I computes on GPU I mod worker_gpu); default: the "
-        "GPUs TensorFlow sees. Variables always stay on the ps CPUs.", minimum=0)
+        None, "GPUs per worker; default: the GPUs TensorFlow sees. With one tower "
+        "(--towers) worker I computes on GPU I mod worker_gpu. Variables always stay on the "
+        "ps CPUs.", minimum=0)
+    towers: int = _field(
+        0, "Replicas of the step in each worker, one per device (lowlevel/modes/towers.py): "
+        "the worker reads towers x --batch_size examples a step, each tower trains on "
+        "--batch_size of them, and their gradients are summed on the worker before one push "
+        "per ps (half the bytes per example at 2). 0: the machine's GPUs shared among its "
+        "chief and workers (a worker alone on a 4-GPU machine: 4), else 1. With no GPU, N > 1 "
+        "gives the worker N logical CPU devices. Exact mode on a cluster.", minimum=0)
     intra_op_threads: int = _field(
         0, "TensorFlow intra-op threads per task; 0 shares the cores among the cluster's "
         "tasks on this machine.", minimum=0)
@@ -353,6 +361,10 @@ class TrainConfig:
         if self.embedding == "dynamic" and self.model != "wide_deep":
             raise UsageError(f"--embedding=dynamic: dynamic embedding tables are wide_deep's "
                              f"(--model={self.model} has none)")
+        if self.towers > 1 and self.communication_period > 1:
+            raise UsageError(f"--towers={self.towers} --communication_period="
+                             f"{self.communication_period}: towers are the exact mode's; "
+                             "drop one of them")
         if self.metrics_port > 65535:
             raise UsageError(f"--metrics_port={self.metrics_port}: expected a port, 1-65535 "
                              "(0: no metrics)")

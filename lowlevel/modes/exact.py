@@ -74,12 +74,17 @@ class SmallVariables:
         op = getattr(var, "op", None)
         return self._values.get(op.name, var) if op is not None else var
 
-    def gradients(self, loss, variables) -> list:
-        """[(gradient, variable)] of `loss` for `variables`, in one backward pass."""
+    def gradients(self, loss, variables, gradients_of=None) -> list:
+        """[(gradient, variable)] of `loss` for `variables`, in one backward pass.
+
+        `gradients_of`: a function of the list of tensors and variables to
+        differentiate for, returning their gradients, instead of `tf.gradients(loss, xs)`
+        (towers: `lowlevel.modes.towers.gradients`)."""
         fused = {id(v) for v in self.fused}
         others = [v for v in variables if id(v) not in fused]
         devices = list(self._flats)
-        grads = tf.gradients(loss, others + [self._flats[d] for d in devices])
+        xs = others + [self._flats[d] for d in devices]
+        grads = gradients_of(xs) if gradients_of else tf.gradients(loss, xs)
         pairs = [(g, v) for g, v in zip(grads, others) if g is not None]
         for device, g_flat in zip(devices, grads[len(others):]):
             variables_here = self._groups[device]

@@ -15,6 +15,10 @@ its own graph, so the same is done after it is built, without changing it:
   and split on the ps, before the optimizer's apply (`optimizer_capture` hands
   the runtime the model's `grads_and_vars`).
 
+- `share_reads`: for a model built once per device (`lowlevel.modes.towers`),
+  every other variable's worker-side reads moved to one read per step, held on
+  the worker's CPU for all its towers.
+
 What keeps its classic reads (one RPC each; logged once per graph): a read
 inside a `tf.while_loop` or `tf.cond`, a read ordered by a control dependency
 (it must see its predecessor's effect), a reference (non-resource) variable,
@@ -74,6 +78,33 @@ def fuse_reads(graph: tf.Graph, variables, worker_device: str) -> list:
                      "variable, or alone on its ps): %s", len(kept),
                      ", ".join(sorted(v.op.name for v in kept)[:8]))
     return fused
+
+
+def share_reads(graph: tf.Graph, variables, hub: str) -> list:
+    """Rewires the worker's reads of each of `variables` to one read per step, held on `hub`.
+
+    For a model built once per device (`lowlevel.modes.towers`): each tower's ops
+    (its backward pass's included) read a variable through their own read, one
+    crossing from the ps per device; after this they consume one read's copy on
+    `hub`, the worker's CPU, and the crossing is one. Reads that cannot move stay
+    (as in `fuse_reads`); call it after `fuse_reads`, for the variables it left.
+
+    Returns:
+      The variables whose worker-side reads now come from the one copy.
+    """
+    reads, shared = _resource_reads(graph), []
+    for v in variables:
+        consumers = _worker_consumers(v, reads.get(id(_handle_op(v)), []))
+        if not consumers:
+            continue
+        with tf.device(v.device):
+            value = v.read_value()
+        with tf.device(hub):
+            copy = tf.identity(value, name=f"{v.op.name}/tower_copy")
+        for op, index in consumers:
+            op._update_input(index, copy)  # pylint: disable=protected-access
+        shared.append(v)
+    return shared
 
 
 def fuse_gradients(grads_and_vars, worker_device: str) -> list:

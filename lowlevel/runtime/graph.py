@@ -17,18 +17,21 @@ The hooks come in the order of the end-of-training protocol
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Optional
 
 import tensorflow as tf
+from absl import logging
 
 from lowlevel.cluster import probes
-from lowlevel.cluster.spec import Cluster, Task
+from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
 from lowlevel.models.optimizers import make_optimizer
 from lowlevel.modes import exact, local_sgd, ps_products
+from lowlevel.modes import towers as towers_lib
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import evaluation, hooks, placement, shutdown, start
 from lowlevel.runtime import progress as progress_lib
@@ -99,7 +102,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(config.seed)
-        device, partitioner = (_placement(config, data, cluster, task, worker_gpu)
+        hub, devices = _devices(config, mode, cluster, task, worker_gpu)
+        device, partitioner = (_placement(config, data, cluster, task, worker_gpu, hub)
                                if cluster else (None, None))
         model_fn = models.for_config(config, data, partitioner,
                                      cluster.num_ps if cluster else 0)
@@ -109,19 +113,16 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                 shards, shard, seed = 1, 0, config.seed + task.replica_index
             else:
                 shards, shard, seed = mode.num_workers, task.replica_index, config.seed
-            iter_init, feed, iterator = data.train_iterator(config.batch_size, shards, shard,
-                                                            seed)
+            iter_init, feed, iterator = data.train_iterator(config.batch_size * len(devices),
+                                                            shards, shard, seed)
             images, labels = iterator.get_next()
             opt = make_optimizer(config.optimizer, config.lr)
             if mode.local:
                 step = _local_sgd_step(config, mode, model_fn, images, labels, iterator, opt,
-                                       global_step, placement.worker_device(
-                                           task.task_index, worker_gpu, task.job_name))
+                                       global_step, hub)
             elif cluster:
                 step = _exact_step(config, mode, model_fn, images, labels, opt, global_step,
-                                   placement.worker_device(task.task_index, worker_gpu,
-                                                           task.job_name),
-                                   data.probe_inputs)
+                                   hub, data.probe_inputs, devices)
             else:
                 step = _in_process_step(config, model_fn, images, labels, opt, global_step)
             final_eval = None
@@ -132,12 +133,13 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         v1.summary.scalar("accuracy", step.accuracy)
         scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
                                                      iter_init, feed)
-        examples_per_step = config.batch_size * (mode.replicas if mode.sync else 1)
+        examples_per_step = (config.batch_size * len(devices) *
+                             (mode.replicas if mode.sync else 1))
         steps = hooks.LoopState()
         progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
                                       config.train_steps, config.log_every_secs, steps,
                                       config.output_dir if task.is_chief else None,
-                                      config.warmup_steps, config.batch_size)
+                                      config.warmup_steps, config.batch_size * len(devices))
         run_hooks = session_hooks(config, mode, cluster, task, step, global_step, scaffold,
                                   steps, progress, final_eval, preempted)
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
@@ -195,7 +197,7 @@ def _kept(scaffold) -> dict:
 
 
 def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, task: Task,
-               worker_gpu: int):
+               worker_gpu: int, hub: str):
     """(device function, variable partitioner or None) of a training task.
 
     The model is measured unsharded for its total bytes, which size the
@@ -211,8 +213,20 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
                                         sum(whole[n] for n in tables))
     sizes, tables = placement.measure(probe(partitioner))
     device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
-                                     task.job_name, tables)
+                                     task.job_name, tables, worker=hub)
     return device, partitioner
+
+
+def _devices(config: TrainConfig, mode: Mode, cluster: Optional[Cluster], task: Task,
+             worker_gpu: int):
+    """(hub, [tower device]) of a training task (`placement.tower_devices`): one device in
+    one process and in the communication-reduced mode."""
+    if not cluster:
+        return None, [None]
+    towers = 1 if mode.local else placement.towers(
+        config.towers, worker_gpu,
+        cluster.tasks_on_host_of(task.job_name, task.task_index, (CHIEF, WORKER)))
+    return placement.tower_devices(task.task_index, worker_gpu, towers, task.job_name)
 
 
 def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step:
@@ -224,14 +238,19 @@ def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step
 
 
 def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
-                worker_device: str, probe_inputs) -> Step:
+                worker_device: str, probe_inputs, devices=(None,)) -> Step:
     """The exact mode: small variables travel together (`lowlevel.modes.exact`), dense layers'
-    products run where they move fewest bytes (`lowlevel.modes.ps_products`); async or sync."""
+    products run where they move fewest bytes (`lowlevel.modes.ps_products`); async or sync.
+
+    `devices`: more than one, the step's towers (`lowlevel.modes.towers`), with
+    `worker_device` their hub; they keep their products (a tower's product on the
+    ps would send its inputs there once per tower)."""
     graph = v1.get_default_graph()
     first = len(graph.get_operations())
     model_fn(probe_inputs())  # creates the variables
     # A GPU worker keeps its products: a ps CPU would compute them far slower.
-    on_ps = config.ps_products and "GPU" not in worker_device.upper()
+    on_ps = (config.ps_products and "GPU" not in worker_device.upper()
+             and len(devices) == 1)
     on_ps_only = (ps_products.forward_layer_variables(graph.get_operations()[first:],
                                                       config.batch_size) if on_ps else set())
     small = exact.SmallVariables([v for v in v1.trainable_variables()
@@ -239,9 +258,17 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
     small.pull()
     with v1.variable_scope(v1.get_variable_scope(), custom_getter=small), \
             ps_products.placed(on_ps):
-        logits = model_fn(images)
-    loss, accuracy = models.loss_and_accuracy(logits, labels)
-    grads = small.gradients(loss, v1.trainable_variables())
+        if len(devices) > 1:
+            logging.info("%d towers on %s, %d examples each; shared reads and summed "
+                         "gradients on %s", len(devices), ", ".join(devices),
+                         config.batch_size, worker_device)
+            losses, loss, accuracy = _tower_losses(model_fn, images, labels, devices,
+                                                   worker_device)
+        else:
+            loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
+    grads = small.gradients(loss, v1.trainable_variables(), functools.partial(
+        towers_lib.gradients, losses, devices=devices, hub=worker_device)
+        if len(devices) > 1 else None)
     if not mode.sync:
         return Step(loss, accuracy,
                      exact.counted_update(opt, grads, global_step, config.train_steps))
@@ -254,6 +281,18 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
     # back to the ps and the value out again), ~0.6 ms a step (benchmarks/NOTES.md).
     train_op = tf.identity(sync_opt.apply_gradients(grads, global_step=global_step))
     return Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
+
+
+def _tower_losses(model_fn, images, labels, devices, hub: str):
+    """([tower loss], loss, accuracy): the towers' losses (`towers.build`), and the mean
+    loss and accuracy of the worker's batch; every tower reads the hub's copy of each
+    variable (`towers.SharedReads`)."""
+    shared = towers_lib.SharedReads(hub)
+    with v1.variable_scope(v1.get_variable_scope(), custom_getter=shared):
+        per_tower = towers_lib.build(
+            lambda x, y: models.loss_and_accuracy(model_fn(x), y), [images, labels], devices)
+    losses, accuracies = zip(*per_tower)
+    return losses, towers_lib.mean(losses, hub), towers_lib.mean(accuracies, hub)
 
 
 def _local_sgd_step(config, mode: Mode, model_fn, images, labels, iterator, opt,

@@ -27,6 +27,7 @@ then overshoot the last step by up to (workers - 1) steps, and says so.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Optional
 
@@ -35,13 +36,14 @@ from absl import logging
 
 from lowlevel import errors
 from lowlevel.cluster import probes
-from lowlevel.cluster.spec import Cluster, Task
+from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.modes import exact, fused_transfer, optimizer_capture
+from lowlevel.modes import towers as towers_lib
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.runtime import hooks, placement
 from lowlevel.runtime import progress as progress_lib
@@ -66,20 +68,26 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(_seed(config, model))
-        device = _device(config, model, cluster, task, worker_gpu) if cluster else None
+        worker, devices = _devices(config, cluster, task, worker_gpu)
+        device = _device(config, model, cluster, task, worker_gpu, worker) if cluster else None
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             features, labels, input_hooks = _train_input(model)
             sync = bool(config.sync and cluster)
             num_workers = (cluster.num_workers or 1) if cluster else 1
             replicas = config.replicas_to_aggregate or num_workers
-            worker = (placement.worker_device(task.task_index, worker_gpu, task.job_name)
-                      if cluster else None)
-            made = _StepMaker(config, worker, global_step, sync, replicas, num_workers, cluster)
+            made = _StepMaker(config, worker, global_step, sync, replicas, num_workers, cluster,
+                              towers=len(devices))
             with optimizer_capture.capture(global_step, made.update, made.sync_hook) as cap:
-                spec = _call_model_fn(model, features, labels)
+                spec = (_tower_specs(model, features, labels, devices, worker)
+                        if len(devices) > 1 else _call_model_fn(model, features, labels))
             if worker:
-                fused_transfer.fuse_reads(graph, v1.global_variables(), worker)
+                fused = fused_transfer.fuse_reads(graph, v1.global_variables(), worker)
+                if len(devices) > 1:
+                    _check_towers(model, cap, made)
+                    fused_ids = {id(v) for v in fused}
+                    fused_transfer.share_reads(graph, [v for v in v1.global_variables()
+                                                       if id(v) not in fused_ids], worker)
             if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
                 warm_start_lib.warm_start(model.warm_start)
             step = _step_value(spec, cap, global_step, config.train_steps, cluster, model)
@@ -106,8 +114,59 @@ def _call_model_fn(model: ModelFnModel, features, labels):
                                       model.run_config)
 
 
+def _devices(config: TrainConfig, cluster: Optional[Cluster], task: Task, worker_gpu: int):
+    """(the worker's compute device, or its towers' hub; [tower device]): `placement`'s, one
+    device (None) in one process."""
+    if not cluster:
+        return None, [None]
+    towers = placement.towers(config.towers, worker_gpu, cluster.tasks_on_host_of(
+        task.job_name, task.task_index, (CHIEF, WORKER)))
+    return placement.tower_devices(task.task_index, worker_gpu, towers, task.job_name)
+
+
+def _tower_specs(model: ModelFnModel, features, labels, devices, hub: str):
+    """The model_fn called once per tower on its slice of the batch, its variables shared
+    (`tf.compat.v1.get_variable` with reuse); the last tower's spec, whose train_op applies
+    every tower's gradients (`_StepMaker.update`), with the towers' mean loss.
+
+    Raises:
+      errors.ModelFnError: the model_fn made new variables for a tower after the first.
+    """
+    logging.info("%d towers on %s, the input_fn's batch split among them; shared reads "
+                 "and summed gradients on %s", len(devices), ", ".join(devices), hub)
+    specs, first = [], None
+    with v1.variable_scope(v1.get_variable_scope(), reuse=v1.AUTO_REUSE):
+        for i, (device, (f, y)) in enumerate(zip(devices, towers_lib.split(
+                [features, labels], len(devices)))):
+            # tower 0 unscoped: a tf.Variable there keeps the name it has with one tower
+            scope = v1.name_scope(f"tower_{i}") if i else contextlib.nullcontext()
+            with v1.device(towers_lib.compute_on(device)), scope:
+                specs.append(_call_model_fn(model, f, y))
+            variables = v1.trainable_variables()
+            first = variables if first is None else first
+    if len(variables) != len(first):
+        made = ", ".join(v.op.name for v in variables[len(first):][:3])
+        _towers_error(model, len(devices), f"made new variables for its other towers "
+                      f"({made}): towers share the variables tf.compat.v1.get_variable makes")
+    return specs[-1]._replace(loss=towers_lib.mean([s.loss for s in specs], hub))
+
+
+def _check_towers(model: ModelFnModel, cap, made) -> None:
+    """Raises `errors.ModelFnError` when the towers' step is not the runtime's: the model's
+    gradients not applied once per tower through a captured optimizer (`optimizer_capture`)."""
+    if cap.sync_optimizer is not None or made.tower_applies != made.towers:
+        _towers_error(model, made.towers, "did not apply its gradients once per tower through "
+                      "a tf.compat.v1.train.Optimizer with the global step, or wrapped it in "
+                      "its own SyncReplicasOptimizer (--sync does that)")
+
+
+def _towers_error(model: ModelFnModel, towers: int, problem: str):
+    raise errors.ModelFnError(f"--towers={towers}: model_fn {user.name(model.model_fn)} "
+                              f"{problem}; or use --towers=1")
+
+
 def _device(config: TrainConfig, model: ModelFnModel, cluster: Cluster, task: Task,
-            worker_gpu: int):
+            worker_gpu: int, worker: Optional[str] = None):
     """The device function: variables on the ps tasks by bytes (the model measured in a
     scratch graph, with its input), compute on the worker (`placement.device_setter`)."""
     def probe():
@@ -117,7 +176,7 @@ def _device(config: TrainConfig, model: ModelFnModel, cluster: Cluster, task: Ta
 
     sizes, tables = placement.measure(probe)
     return placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
-                                   task.job_name, tables)
+                                   task.job_name, tables, worker=worker)
 
 
 class _StepMaker:
@@ -128,15 +187,30 @@ class _StepMaker:
     """
 
     def __init__(self, config: TrainConfig, worker_device: Optional[str], global_step,
-                 sync: bool, replicas: int, num_workers: int, cluster=None):
+                 sync: bool, replicas: int, num_workers: int, cluster=None, towers: int = 1):
         self._config, self._cluster, self._worker = config, cluster, worker_device
         self._global_step = global_step
         self._sync, self._replicas, self._num_workers = sync, replicas, num_workers
         self.sync_hooks: list = []
         self.runtime_sync = None  # the SyncReplicasOptimizer `--sync` wrapped around the model's
+        self.towers, self.tower_applies = towers, 0
+        self._tower_grads: list = []  # [[(gradient, variable)]], a tower's each
 
     def update(self, opt, grads_and_vars):
-        """The mode's update of `grads_and_vars`: int64, the global step after it."""
+        """The mode's update of `grads_and_vars`: int64, the global step after it.
+
+        With towers, each tower's model_fn applies once: the towers before the last
+        are kept, and the last one's update applies their average (`towers.average`)."""
+        if self.towers > 1:
+            self.tower_applies += 1
+            self._tower_grads.append(list(grads_and_vars))
+            if len(self._tower_grads) < self.towers:
+                return tf.constant(0, tf.int64)  # never run: the last tower's step is
+            variables = [v for _, v in self._tower_grads[0]]
+            by_tower = [{id(v): g for g, v in t} for t in self._tower_grads]
+            grads = towers_lib.average([[t.get(id(v)) for v in variables] for t in by_tower],
+                                       self._worker)
+            grads_and_vars = list(zip(grads, variables))
         if self._worker:
             grads_and_vars = fused_transfer.fuse_gradients(grads_and_vars, self._worker)
         if not self._sync:

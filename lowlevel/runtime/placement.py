@@ -217,9 +217,50 @@ def worker_device(task_index: int, worker_gpu: int, job_name: str = "worker") ->
     return f"/job:{job_name}/task:{task_index}/device:CPU:0"
 
 
+def towers(requested: int, worker_gpu: int, training_tasks_on_host: int) -> int:
+    """How many towers (replicas of the step, `lowlevel.modes.towers`) a training task builds.
+
+    Args:
+      requested: `--towers`; 0 chooses: the GPUs of the machine shared among its
+        training tasks (`worker_gpu // training_tasks_on_host`, at least 1); 1 on a CPU.
+      worker_gpu: GPUs per worker (0: none).
+      training_tasks_on_host: the chief and workers on this task's machine, itself included.
+    """
+    if requested:
+        return requested
+    return max(1, worker_gpu // max(1, training_tasks_on_host)) if worker_gpu else 1
+
+
+def tower_devices(task_index: int, worker_gpu: int, towers: int,
+                  job_name: str = "worker") -> list:
+    """The devices of a training task's towers, and its hub (where the towers' shared reads
+    and summed gradients live) first.
+
+    One tower: `[worker_device(...)]`, the hub itself. N towers on GPUs: GPU
+    `(task_index x N + j) mod worker_gpu` for tower j, so N = worker_gpu uses
+    every GPU and tasks on one machine with N = worker_gpu / tasks take
+    disjoint GPUs; hub: the task's CPU. N towers with no GPU: the task's
+    logical CPU devices 0 .. N-1 (its server has N: `server.session_config`).
+
+    Returns:
+      (hub, [tower device]): e.g. tower_devices(1, 4, 2) ==
+      ("/job:worker/task:1/device:CPU:0", ["/job:worker/task:1/device:GPU:2",
+      "/job:worker/task:1/device:GPU:3"]).
+    """
+    if towers <= 1:
+        device = worker_device(task_index, worker_gpu, job_name)
+        return device, [device]
+    task = f"/job:{job_name}/task:{task_index}"
+    if worker_gpu:
+        return (f"{task}/device:CPU:0",
+                [f"{task}/device:GPU:{(task_index * towers + j) % worker_gpu}"
+                 for j in range(towers)])
+    return f"{task}/device:CPU:0", [f"{task}/device:CPU:{j}" for j in range(towers)]
+
+
 def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
                   sizes: Optional[Mapping[str, int]] = None, job_name: str = "worker",
-                  tables=()):
+                  tables=(), worker: Optional[str] = None):
     """A device function for `tf.device(...)` on training task `job_name`/`task_index`.
 
     Args:
@@ -229,12 +270,14 @@ def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
       sizes: {variable op name: bytes} of the model, from `measure_variables`.
       job_name: "worker", or "chief" for the task of a chief job.
       tables: the names in `sizes` that are embedding tables (planned apart).
+      worker: the compute device, if not `worker_device(task_index, worker_gpu)` (the
+        hub of a task's towers).
     Returns:
       The `replica_device_setter` device function.
     """
     num_ps = len(cluster["ps"])
     return v1.train.replica_device_setter(
         ps_device=PS_CPU,
-        worker_device=worker_device(task_index, worker_gpu, job_name),
+        worker_device=worker or worker_device(task_index, worker_gpu, job_name),
         cluster=dict(cluster),
         ps_strategy=ByteBalancedStrategy(sizes or {}, num_ps, tables))

@@ -62,6 +62,11 @@ class ProgressHook(v1.train.SessionRunHook):
         # {shard scope: live rows} of the graph's dynamic embedding tables, for the events
         self._live_rows = dynamic_embeddings.live_rows()
 
+    @property
+    def batch_size(self) -> int:
+        """Examples per local step of this task."""
+        return self._batch_size
+
     def after_create_session(self, session, coord):
         step = int(session.run(self._global_step))
         if self.initial_step is None:  # not again for a session that replaces a lost one

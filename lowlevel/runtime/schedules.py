@@ -19,7 +19,7 @@ from absl import logging
 
 from lowlevel import config as config_lib
 from lowlevel import events
-from lowlevel.cluster.spec import EVALUATOR, Cluster, Task
+from lowlevel.cluster.spec import CHIEF, EVALUATOR, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.tf_import import import_tensorflow
 
@@ -85,13 +85,19 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
 
     from lowlevel.errors import TrainingFinished
     from lowlevel.outputs import checkpoints
-    from lowlevel.runtime import finish, trainables, training
+    from lowlevel.runtime import finish, placement, trainables, training
     from lowlevel.runtime import server as server_lib
 
     session_config = server = None
+    worker_gpu = config.worker_gpu
+    if worker_gpu is None:
+        worker_gpu = len(tf.config.list_physical_devices("GPU"))
     if cluster:
-        session_config = server_lib.session_config(cluster, task, config.intra_op_threads,
-                                                   config.inter_op_threads)
+        towers = placement.towers(config.towers, worker_gpu, cluster.tasks_on_host_of(
+            task.job_name, task.task_index, (CHIEF, WORKER)))
+        session_config = server_lib.session_config(
+            cluster, task, config.intra_op_threads, config.inter_op_threads,
+            cpu_devices=1 if worker_gpu else towers)
     _log_cpus(task, session_config)
     if cluster:
         server = server_lib.start(cluster, task, session_config)
@@ -99,9 +105,6 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)
         trainable = trainable or trainables.for_config(config, cluster, task)
-        worker_gpu = config.worker_gpu
-        if worker_gpu is None:
-            worker_gpu = len(tf.config.list_physical_devices("GPU"))
         shape = (f"{cluster.num_ps} ps + {cluster.num_workers or 'dynamic'} workers, "
                  f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
         logging.info("%s: %s, %s", task.name, trainable.description, shape)

@@ -25,7 +25,7 @@ SPARSE_MASTER_JOB = "lowlevel_master"
 
 
 def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
-                   inter_op_threads: int = 0):
+                   inter_op_threads: int = 0, cpu_devices: int = 1):
     """The `ConfigProto` for a task's server and sessions.
 
     Thread pools (0 means "choose"): the CPUs this task may use (its cgroup's
@@ -47,6 +47,9 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
 
     `device_filters` keep a worker from waiting for, or talking to, the other
     workers: it sees only the ps job and itself; a ps sees only itself.
+
+    `cpu_devices`: the CPU devices of a training task's server (its towers on a
+    machine without GPUs, `lowlevel.modes.towers`); they share its thread pools.
     """
     cores = resources.cpus()
     here = functools.partial(cluster.tasks_on_host_of, task.job_name, task.task_index)
@@ -62,6 +65,8 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
         inter_op_parallelism_threads=inter_op_threads or max(2, share),
         allow_soft_placement=True,
         device_filters=filters)
+    if cpu_devices > 1 and task.job_name != PS:
+        config.device_count["CPU"] = cpu_devices
     # More tasks than cores: an idle pool thread that spins before it sleeps
     # burns a core another task on the host needs (+5 % exact 1 ps + 2 workers,
     # benchmarks/NOTES.md); a ps beside training tasks, likewise (communication-

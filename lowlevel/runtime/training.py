@@ -66,7 +66,7 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
     g = trainable.build(config, cluster, task, worker_gpu, preempted)
-    metrics_lib.watch_training(g.progress, g.steps, config.batch_size)
+    metrics_lib.watch_training(g.progress, g.steps, g.progress.batch_size or config.batch_size)
     if task.is_chief and cluster:
         metrics_lib.placement_built(g.graph, cluster, config.output_dir)
     partial = _checked_checkpoint(config.output_dir, g, task)
