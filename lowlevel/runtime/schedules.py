@@ -19,7 +19,7 @@ from absl import logging
 
 from lowlevel import config as config_lib
 from lowlevel import events
-from lowlevel.cluster.spec import CHIEF, EVALUATOR, WORKER, Cluster, Task
+from lowlevel.cluster.spec import EVALUATOR, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.tf_import import import_tensorflow
 
@@ -81,23 +81,16 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
           trainable=None) -> int:
     """The chief or a worker: trains to `--train_steps` (`training.train`), or, on a finished
     run, ends it (`finish.finished_run`); then reports (`finish.report`)."""
-    import tensorflow as tf
-
     from lowlevel.errors import TrainingFinished
     from lowlevel.outputs import checkpoints
-    from lowlevel.runtime import finish, placement, trainables, training
+    from lowlevel.runtime import finish, trainables, training
     from lowlevel.runtime import server as server_lib
 
     session_config = server = None
-    worker_gpu = config.worker_gpu
-    if worker_gpu is None:
-        worker_gpu = len(tf.config.list_physical_devices("GPU"))
     if cluster:
-        towers = placement.towers(config.towers, worker_gpu, cluster.tasks_on_host_of(
-            task.job_name, task.task_index, (CHIEF, WORKER)))
         session_config = server_lib.session_config(
             cluster, task, config.intra_op_threads, config.inter_op_threads,
-            cpu_devices=1 if worker_gpu else towers)
+            cpu_devices=_cpu_devices(config))
     _log_cpus(task, session_config)
     if cluster:
         server = server_lib.start(cluster, task, session_config)
@@ -105,6 +98,7 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)
         trainable = trainable or trainables.for_config(config, cluster, task)
+        worker_gpu = _worker_gpu(config)
         shape = (f"{cluster.num_ps} ps + {cluster.num_workers or 'dynamic'} workers, "
                  f"{'sync' if config.sync else 'async'}" if cluster else "in-process")
         logging.info("%s: %s, %s", task.name, trainable.description, shape)
@@ -113,6 +107,21 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     except TrainingFinished as done:
         metrics = finish.finished_run(config, cluster, task, server, session_config, done)
     return finish.report(metrics, preemption)
+
+
+def _worker_gpu(config: TrainConfig) -> int:
+    """GPUs per worker: `--worker_gpu`, else the GPUs TensorFlow sees."""
+    import tensorflow as tf
+    if config.worker_gpu is not None:
+        return config.worker_gpu
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def _cpu_devices(config: TrainConfig) -> int:
+    """The CPU devices of a training task's server: `--towers` > 1 on a machine without
+    GPUs (`lowlevel.modes.towers`), else 1. GPUs are looked for only then: the default
+    path starts its server before TensorFlow enumerates devices, as it always did."""
+    return config.towers if config.towers > 1 and not _worker_gpu(config) else 1
 
 
 def _log_cpus(task: Task, session_config) -> None:
