@@ -175,7 +175,7 @@ LAUNCH = [sys.executable, "-m", "lowlevel.launch", "--num_ps=1", "--num_workers=
 
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
-def test_towers_on_a_cluster_sync_then_resumed_async_with_one_tower(tmp_path):
+def test_towers_on_a_cluster_sync_then_resumed_async_with_one_tower_and_a_model_fn(tmp_path):
     out = tmp_path / "out"
     result = clusters.run(LAUNCH + ["--towers=2", "--sync", "--train_steps=120",
                                     f"--output_dir={out}"], timeout=150)
@@ -190,6 +190,17 @@ def test_towers_on_a_cluster_sync_then_resumed_async_with_one_tower(tmp_path):
     metrics = json.loads((out / "final_metrics.json").read_text())
     assert metrics["global_step"] == 200 and metrics["start_global_step"] == 120, metrics
     assert "towers on" not in result.stdout + result.stderr
+    assert not clusters.leftovers(out)
+    # a model_fn, sync: its input_fn's batch split between two towers
+    params = json.dumps({"hidden_units": [64], "batch_size": 64})
+    out = tmp_path / "model_fn"
+    result = clusters.run(LAUNCH[:-1] + [
+        "--towers=2", "--sync", "--train_steps=60", f"--output_dir={out}",
+        f"--model={estimator_model.__name__}:model_fn",
+        f"--input_fn={estimator_model.__name__}:input_fn", f"--params={params}"], timeout=150)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "the input_fn's batch split among them" in result.stdout + result.stderr
+    assert json.loads((out / "final_metrics.json").read_text())["global_step"] == 60
     assert not clusters.leftovers(out)
 
 

@@ -154,7 +154,8 @@ def _tower_specs(model: ModelFnModel, features, labels, devices, hub: str):
 def _check_towers(model: ModelFnModel, cap, made) -> None:
     """Raises `errors.ModelFnError` when the towers' step is not the runtime's: the model's
     gradients not applied once per tower through a captured optimizer (`optimizer_capture`)."""
-    if cap.sync_optimizer is not None or made.tower_applies != made.towers:
+    own_sync = cap.sync_optimizer is not None and cap.sync_optimizer is not made.runtime_sync
+    if own_sync or made.tower_applies != made.towers:
         _towers_error(model, made.towers, "did not apply its gradients once per tower through "
                       "a tf.compat.v1.train.Optimizer with the global step, or wrapped it in "
                       "its own SyncReplicasOptimizer (--sync does that)")
