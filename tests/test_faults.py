@@ -1,4 +1,5 @@
-"""lowlevel/runtime/faults.py and probes.answers, in-process: the deadline's retry, its limit, its words."""
+"""lowlevel/runtime/faults.py and probes.answers, in-process: the deadline's retry, its limit, its
+words; and the chief's end-of-training wait with ps 0 gone (`shutdown.wait_for_workers`)."""
 
 import socket
 import threading
@@ -7,9 +8,10 @@ import time
 import pytest
 import tensorflow as tf
 
+import clusters
 from lowlevel import errors
 from lowlevel.cluster import probes
-from lowlevel.runtime import faults
+from lowlevel.runtime import faults, shutdown
 
 
 def listener(reply: bytes | None):
@@ -407,3 +409,37 @@ def test_the_watchdog_ends_a_run_stuck_past_its_deadline_with_200():
     (TensorFlow's "RunStep still blocked"): no outage had begun, and the chief gave up
     190 s after its last step, past the deadline + --fault_timeout_secs + the grace."""
     _ends_with_200_naming(STUCK_RUN_SCRIPT, "worker0")
+
+
+@pytest.mark.timeout(90)
+def test_the_chiefs_end_wait_goes_on_past_a_ps0_that_cannot_be_reached(ports, tmp_path):
+    """Protocol step 3 with ps 0 gone (its runs fail with UnavailableError, as right after a
+    session recovered from an outage): the chief does not fail the run; it watches the
+    workers' exits instead, and a worker that has exited stops being waited for."""
+    ps, chief, gone = (f"127.0.0.1:{p}" for p in ports(3))
+    ps_task = clusters.start(clusters.trainer_argv([ps], [chief, gone], "ps", 0),
+                             tmp_path / "ps0.log")
+    try:
+        deadline = time.monotonic() + 60
+        while not probes.answers(ps, 0.3):
+            assert time.monotonic() < deadline and ps_task.poll() is None, \
+                clusters.tail(tmp_path / "ps0.log")
+            time.sleep(0.2)
+        spec = tf.compat.v1.train.ClusterSpec({"ps": [ps], "worker": [chief, gone]})
+        config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", "/job:worker/task:0"])
+        server = tf.compat.v1.train.Server(spec, "worker", 0, config=config, start=True)
+        with tf.Graph().as_default():
+            channel = shutdown.ShutdownChannel(1)
+            with tf.compat.v1.Session(server.target, config=config) as sess:
+                sess.run(channel.ended_early)  # the session reaches ps0
+                ps_task.kill()
+                ps_task.wait(10)
+                started = time.monotonic()
+                missing = channel.wait_for_workers(sess, {1: gone}, timeout_secs=30)
+                waited = time.monotonic() - started
+    finally:
+        if ps_task.poll() is None:
+            ps_task.kill()
+            ps_task.wait(10)
+    assert missing == {}  # the worker that had exited is not waited for...
+    assert waited < 25, waited  # ...once its port refused for GONE_SECS, not to the deadline
