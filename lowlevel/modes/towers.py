@@ -9,7 +9,9 @@ towers share the variables:
 
 - every parameter crosses from its ps once per step, onto the worker's hub
   device (its CPU), and each tower takes the hub's copy: a device-to-device
-  copy inside the process, not a second read from the ps;
+  copy inside the process, not a second read from the ps (the small variables
+  in their fused reads, `lowlevel.modes.exact`; the others by
+  `lowlevel.modes.fused_transfer.share_reads`, once the towers are built);
 - the towers' gradients are summed on the worker and scaled by 1/towers, and
   pushed once per ps per step: the step is the one a single
   device would take on the whole `towers x batch_size` batch, and the bytes
@@ -17,8 +19,7 @@ towers share the variables:
 
 A user's model_fn gets the same through `lowlevel.runtime.model_graph`: called once
 per tower (variables reused), each tower's `minimize` captured, their gradients
-averaged (`average`) and applied once; its reads shared after it is built
-(`lowlevel.modes.fused_transfer.share_reads`). There the input_fn's batch is the
+averaged (`average`) and applied once; its reads shared the same way. There the input_fn's batch is the
 worker's, split among the towers, as `replicate_model_fn` did.
 
 Embedding tables are the exception: a tower looks up its own rows on the ps
@@ -37,7 +38,6 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from lowlevel.models import embeddings
 
 v1 = tf.compat.v1
 
@@ -62,40 +62,6 @@ def compute_on(device: str):
     def device_function(op):
         return op.device if op.device or op.type in PS_OPS else device
     return device_function
-
-
-class SharedReads:
-    """A `custom_getter` that gives every tower the hub's one copy of each variable read.
-
-    Put it inside any other custom getter's scope (the fused small variables of
-    `lowlevel.modes.exact.SmallVariables` come out of that one already on the
-    worker, and pass through): a whole variable, not an embedding table, is
-    read on its ps once, and `tf.identity` on `hub` holds the value the towers
-    use. `gradients` then gives the gradients with respect to those copies,
-    summed on the hub.
-    """
-
-    def __init__(self, hub: str):
-        self._hub = hub
-        self._copies: dict[str, tuple] = {}  # variable op name -> (variable, hub tensor)
-
-    def __call__(self, getter, name, *args, **kwargs):
-        var = getter(name, *args, **kwargs)
-        op = getattr(var, "op", None)
-        if (not isinstance(var, tf.Variable) or op is None or embeddings.is_table(var)
-                or getattr(var, "_save_slice_info", None) is not None):
-            return var  # a fused slice (a tensor already), a table, or a shard
-        if op.name not in self._copies:
-            with tf.device(var.device):
-                value = var.read_value()
-            with tf.device(self._hub):
-                self._copies[op.name] = (var, tf.identity(value, name=f"{op.name}/tower_copy"))
-        return self._copies[op.name][1]
-
-    @property
-    def copies(self) -> list:
-        """[(variable, its hub copy)], in the order the model asked for them."""
-        return list(self._copies.values())
 
 
 def split(inputs, towers: int) -> list:

@@ -30,7 +30,7 @@ from lowlevel.config import TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
 from lowlevel.models.optimizers import make_optimizer
-from lowlevel.modes import exact, local_sgd, ps_products
+from lowlevel.modes import exact, fused_transfer, local_sgd, ps_products
 from lowlevel.modes import towers as towers_lib
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import evaluation, hooks, placement, shutdown, start
@@ -269,6 +269,10 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
     grads = small.gradients(loss, v1.trainable_variables(), functools.partial(
         towers_lib.gradients, losses, devices=devices, hub=worker_device)
         if len(devices) > 1 else None)
+    if len(devices) > 1:  # every other variable read once a step, for all the towers
+        fused = {id(v) for v in small.fused}
+        fused_transfer.share_reads(v1.get_default_graph(), [
+            v for v in v1.trainable_variables() if id(v) not in fused], worker_device)
     if not mode.sync:
         return Step(loss, accuracy,
                      exact.counted_update(opt, grads, global_step, config.train_steps))
@@ -285,12 +289,9 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
 
 def _tower_losses(model_fn, images, labels, devices, hub: str):
     """([tower loss], loss, accuracy): the towers' losses (`towers.build`), and the mean
-    loss and accuracy of the worker's batch; every tower reads the hub's copy of each
-    variable (`towers.SharedReads`)."""
-    shared = towers_lib.SharedReads(hub)
-    with v1.variable_scope(v1.get_variable_scope(), custom_getter=shared):
-        per_tower = towers_lib.build(
-            lambda x, y: models.loss_and_accuracy(model_fn(x), y), [images, labels], devices)
+    loss and accuracy of the worker's batch on `hub`."""
+    per_tower = towers_lib.build(
+        lambda x, y: models.loss_and_accuracy(model_fn(x), y), [images, labels], devices)
     losses, accuracies = zip(*per_tower)
     return losses, towers_lib.mean(losses, hub), towers_lib.mean(accuracies, hub)
 
