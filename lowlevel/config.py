@@ -221,8 +221,9 @@ class TrainConfig:
         "the worker reads towers x --batch_size examples a step, each tower trains on "
         "--batch_size of them, and their gradients are summed on the worker before one push "
         "per ps (half the bytes per example at 2). 0: the machine's GPUs shared among its "
-        "chief and workers (a worker alone on a 4-GPU machine: 4), else 1. With no GPU, N > 1 "
-        "gives the worker N logical CPU devices. Exact mode on a cluster.", minimum=0)
+        "chief and workers (a worker alone on a 4-GPU machine: 4), else 1; a model_fn: 1 (give "
+        "--towers=N: its variables must come from tf.compat.v1.get_variable). With no GPU, "
+        "N > 1 gives the worker N logical CPU devices. Exact mode on a cluster.", minimum=0)
     intra_op_threads: int = _field(
         0, "TensorFlow intra-op threads per task; 0 shares the cores among the cluster's "
         "tasks on this machine.", minimum=0)

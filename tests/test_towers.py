@@ -169,6 +169,21 @@ def test_gpu_towers_place_each_replica_on_its_gpu_and_variables_on_the_ps():
         "/job:ps/task:0/device:CPU:0"}
 
 
+def test_a_model_fn_gets_towers_on_gpus_only_when_asked(tmp_path):
+    """The default gives a model_fn one device (GPU task mod worker_gpu), whatever the GPUs:
+    a model_fn that cannot share its variables must still run; --towers=2 splits it."""
+    cluster, task = from_flags(ClusterFlags("127.0.0.1:1000", "127.0.0.1:2000", "worker", 0))
+    params = {"hidden_units": [32], "batch_size": 64}
+    devices = {}
+    for towers in (0, 2):
+        model = ModelFnModel(estimator_model.model_fn, params, None, str(tmp_path),
+                             input_fn=estimator_model.input_fn)
+        g = model_graph.build(TrainConfig(towers=towers), model, cluster, task, worker_gpu=2)
+        devices[towers] = {op.device for op in g.graph.get_operations() if op.type == "MatMul"}
+    assert devices[0] == {"/job:worker/task:0/device:GPU:0"}
+    assert devices[2] == {"/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1"}
+
+
 LAUNCH = [sys.executable, "-m", "lowlevel.launch", "--num_ps=1", "--num_workers=2",
           "--no_isolation", "--hidden_units=64"]
 

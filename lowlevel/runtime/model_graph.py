@@ -116,10 +116,15 @@ def _call_model_fn(model: ModelFnModel, features, labels):
 
 def _devices(config: TrainConfig, cluster: Optional[Cluster], task: Task, worker_gpu: int):
     """(the worker's compute device, or its towers' hub; [tower device]): `placement`'s, one
-    device (None) in one process."""
+    device (None) in one process.
+
+    A model_fn gets towers only when `--towers` asks for them: whether it can share its
+    variables between towers shows only once it is built (a Keras layer cannot), and the
+    default must not refuse a script that runs on one device (the default, 0, is one
+    tower here: GPU `task_index mod worker_gpu`, as before towers existed)."""
     if not cluster:
         return None, [None]
-    towers = placement.towers(config.towers, worker_gpu, cluster.tasks_on_host_of(
+    towers = placement.towers(config.towers or 1, worker_gpu, cluster.tasks_on_host_of(
         task.job_name, task.task_index, (CHIEF, WORKER)))
     return placement.tower_devices(task.task_index, worker_gpu, towers, task.job_name)
 
