@@ -25,7 +25,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel.cluster import probes
-from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
+from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
@@ -102,7 +102,9 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(config.seed)
-        hub, devices = _devices(config, mode, cluster, task, worker_gpu)
+        # one device in one process and in the communication-reduced mode
+        hub, devices = placement.task_devices(cluster, task, 1 if mode.local else config.towers,
+                                              worker_gpu)
         device, partitioner = (_placement(config, data, cluster, task, worker_gpu, hub)
                                if cluster else (None, None))
         model_fn = models.for_config(config, data, partitioner,
@@ -215,18 +217,6 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
     device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
                                      task.job_name, tables, worker=hub)
     return device, partitioner
-
-
-def _devices(config: TrainConfig, mode: Mode, cluster: Optional[Cluster], task: Task,
-             worker_gpu: int):
-    """(hub, [tower device]) of a training task (`placement.tower_devices`): one device in
-    one process and in the communication-reduced mode."""
-    if not cluster:
-        return None, [None]
-    towers = 1 if mode.local else placement.towers(
-        config.towers, worker_gpu,
-        cluster.tasks_on_host_of(task.job_name, task.task_index, (CHIEF, WORKER)))
-    return placement.tower_devices(task.task_index, worker_gpu, towers, task.job_name)
 
 
 def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step:

@@ -36,7 +36,7 @@ from absl import logging
 
 from lowlevel import errors
 from lowlevel.cluster import probes
-from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
+from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
@@ -68,7 +68,10 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(_seed(config, model))
-        worker, devices = _devices(config, cluster, task, worker_gpu)
+        # A model_fn gets towers only when --towers asks: whether it can share its variables
+        # shows only once built (a Keras layer cannot), and the default must not refuse a
+        # script that runs on one device (GPU task_index mod worker_gpu, as before towers).
+        worker, devices = placement.task_devices(cluster, task, config.towers or 1, worker_gpu)
         device = _device(config, model, cluster, task, worker_gpu, worker) if cluster else None
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
@@ -112,21 +115,6 @@ def _call_model_fn(model: ModelFnModel, features, labels):
     with user.calling("model_fn", model.model_fn):
         return spec_lib.call_model_fn(model.model_fn, features, labels, TRAIN, model.params,
                                       model.run_config)
-
-
-def _devices(config: TrainConfig, cluster: Optional[Cluster], task: Task, worker_gpu: int):
-    """(the worker's compute device, or its towers' hub; [tower device]): `placement`'s, one
-    device (None) in one process.
-
-    A model_fn gets towers only when `--towers` asks for them: whether it can share its
-    variables between towers shows only once it is built (a Keras layer cannot), and the
-    default must not refuse a script that runs on one device (the default, 0, is one
-    tower here: GPU `task_index mod worker_gpu`, as before towers existed)."""
-    if not cluster:
-        return None, [None]
-    towers = placement.towers(config.towers or 1, worker_gpu, cluster.tasks_on_host_of(
-        task.job_name, task.task_index, (CHIEF, WORKER)))
-    return placement.tower_devices(task.task_index, worker_gpu, towers, task.job_name)
 
 
 def _tower_specs(model: ModelFnModel, features, labels, devices, hub: str):

@@ -28,6 +28,8 @@ from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
 
+from lowlevel.cluster.spec import CHIEF, WORKER
+
 v1 = tf.compat.v1
 
 PS_CPU = "/job:ps/device:CPU:0"
@@ -256,6 +258,16 @@ def tower_devices(task_index: int, worker_gpu: int, towers: int,
                 [f"{task}/device:GPU:{(task_index * towers + j) % worker_gpu}"
                  for j in range(towers)])
     return f"{task}/device:CPU:0", [f"{task}/device:CPU:{j}" for j in range(towers)]
+
+
+def task_devices(cluster, task, requested: int, worker_gpu: int):
+    """(hub, [tower device]) of training task `task` (a `Cluster`'s): `towers` (with the
+    training tasks on its machine) and `tower_devices`; (None, [None]) with no cluster."""
+    if not cluster:
+        return None, [None]
+    n = towers(requested, worker_gpu,
+               cluster.tasks_on_host_of(task.job_name, task.task_index, (CHIEF, WORKER)))
+    return tower_devices(task.task_index, worker_gpu, n, task.job_name)
 
 
 def device_setter(cluster: Mapping[str, list], task_index: int, worker_gpu: int,
