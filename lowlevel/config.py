@@ -125,13 +125,29 @@ class TrainConfig:
     train_files: Optional[str] = _field(
         None, "criteo_files: the training files, comma-separated globs of Criteo-layout "
         "lines (label, I1-I13, C1-C26, tab-separated; .gz read as gzip; "
-        "python -m lowlevel.data.make_criteo writes some). Each worker reads every "
-        "num_workers-th file.")
+        "python -m lowlevel.data.make_criteo writes some). Each file is one span of the "
+        "data queue (--data_sharding).")
     eval_files: Optional[str] = _field(
         None, "criteo_files: the files the chief and the evaluator evaluate on (globs).")
     skip_bad_lines: bool = _field(
         False, "criteo_files: drop a malformed line instead of stopping the run at it "
         "(the stop names its file and line).")
+    data_sharding: str = _field(
+        "auto", "criteo_files: how the training files are shared out. queue: a queue on ps 0 "
+        "hands each worker its next file when it has read one, and every line's update is "
+        "in the model once per epoch across worker kills, joins and restores "
+        "(lowlevel/data/spans.py; async exact mode). static: worker i reads every "
+        "num_workers-th file (a dead worker's files wait for it). auto: queue where it "
+        "applies, else static.", choices=("auto", "queue", "static"))
+    span_lease_secs: float = _seconds(
+        60.0, "--data_sharding=queue: a span whose worker has not committed a step for this "
+        "long is handed to another worker (a dead worker's span; a restarted worker takes "
+        "its own back at once). 60 s: as --step_timeout_secs, so a worker that is only "
+        "slow keeps its span.")
+    count_examples: bool = _field(
+        False, "--data_sharding=queue: count how often each training line's update is in "
+        "the model, in data_queue/seen on ps 0 (one int32 a line; the files are read once "
+        "at start to count their lines): for tests and benchmarks.")
     data_dir: Optional[str] = _field(
         None, "Directory with mnist.npz or the four MNIST IDX files (.gz or not); default: "
         "Keras' cache (~/.keras/datasets/mnist.npz) if it holds the file, else the 5,000 "
@@ -359,6 +375,7 @@ class TrainConfig:
             raise UsageError("--dataset=criteo_files: give --train_files and --eval_files "
                              "(globs of Criteo-layout files; python -m lowlevel.data."
                              "make_criteo writes some)")
+        self._check_data_sharding()
         if self.embedding == "dynamic" and self.model != "wide_deep":
             raise UsageError(f"--embedding=dynamic: dynamic embedding tables are wide_deep's "
                              f"(--model={self.model} has none)")
@@ -375,6 +392,26 @@ class TrainConfig:
                     f"--replicas_to_aggregate={self.replicas_to_aggregate}: expected 1 to "
                     f"{num_workers}, the number of workers")
         return self
+
+
+    def _check_data_sharding(self) -> None:
+        """Raises UsageError if --data_sharding=queue is asked where it does not apply."""
+        if self.data_sharding != "queue":
+            return
+        why = ("it reads --dataset=criteo_files" if self.dataset != "criteo_files" else
+               "not yet with --sync (async training only)" if self.sync else
+               "not with --communication_period > 1" if self.communication_period > 1 else
+               "not with --towers > 1" if self.towers > 1 else None)
+        if why:
+            raise UsageError(f"--data_sharding=queue: {why}; use --data_sharding=static")
+
+    def span_queue(self, on_cluster: bool, sync: bool) -> bool:
+        """Whether training reads from the data queue (`lowlevel.data.spans`): asked for, or
+        `auto` with criteo_files in async exact-mode training on a cluster with one tower."""
+        if self.data_sharding == "static" or self.dataset != "criteo_files" or not on_cluster:
+            return False
+        return self.data_sharding == "queue" or not (
+            sync or self.communication_period > 1 or self.towers > 1)
 
 
 def _check(f: dataclasses.Field, value) -> None:

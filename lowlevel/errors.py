@@ -234,6 +234,14 @@ def run_cancelled(error: BaseException) -> bool:
     return tf_error_name(error) in ("CancelledError", "OutOfRangeError")
 
 
+def step_refused(error: BaseException) -> bool:
+    """Whether a training step's `error` may be the runtime's own refusal, not a failure:
+    `OutOfRangeError` (no step left, `exact.counted_update`; or the end of a data-queue
+    span's file) or `InvalidArgumentError` (the data queue's check refused the batch,
+    `lowlevel.data.spans`). The loop sorts them further by message."""
+    return tf_error_name(error) in ("OutOfRangeError", "InvalidArgumentError")
+
+
 def storage_error(error: BaseException) -> bool:
     """Whether `error` is a failed write to `--output_dir`: an `OSError`, a `ValueError` of
     TensorFlow's saver, or a TensorFlow error of `STORAGE`."""

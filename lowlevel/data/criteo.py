@@ -221,6 +221,30 @@ def dataset(files: Sequence[str], batch_size: int, field_sizes: Sequence[int],
     return ds.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
 
+def span_batches(file, skip, batch_size: int, field_sizes: Sequence[int], hash_buckets: int,
+                 compression: str = "", skip_bad_lines: bool = False):
+    """The batches of one span (`spans.SpanInput`): string [k] `file` (k = 0: none) read in
+    order from line `skip` (int64 scalar, 0-based) to its end, the last batch partial.
+
+    Returns:
+      A `tf.data.Dataset` of ((features, labels), (first, n)): the batch's first line
+      (0-based, int64) and its lines read (int64; with `skip_bad_lines` the bad ones count).
+    """
+    import tensorflow as tf
+    parse = _parser(tuple(field_sizes), hash_buckets, 1, skip_bad_lines)
+
+    def batches(name):
+        lines = tf.data.TextLineDataset(name, compression_type=compression).skip(skip)
+        return lines.batch(batch_size).enumerate().map(
+            lambda i, batch: (name, skip + i * batch_size, batch))
+
+    def parsed(name, first, lines):
+        return parse(name, first + 1, lines), (first, tf.size(lines, out_type=tf.int64))
+
+    ds = tf.data.Dataset.from_tensor_slices(file).flat_map(batches)
+    return ds.map(parsed, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
 # A well-formed line: the label, 13 integers (or empty), 26 hex hashes (or empty).
 LINE = "[01](\t-?[0-9]*){13}(\t[0-9a-fA-F]*){26}"
 

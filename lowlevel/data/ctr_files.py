@@ -62,6 +62,19 @@ class CtrFileSet:
         it = tf.compat.v1.data.make_initializable_iterator(ds)
         return it.initializer, {}, it
 
+    def span_input(self, batch_size: int, worker: int, device: str, lease_secs: float,
+                   seed: int, count_examples: bool = False):
+        """Worker `worker`'s input from the data queue on `device` (`spans.SpanInput`: span k
+        is training file k). `count_examples` counts the files' lines first (reads them)."""
+        from lowlevel.data import spans
+        files = self.train.files
+        queue = spans.SpanQueue(len(files), device, lease_secs, seed,
+                                spans.count_lines(files) if count_examples else None)
+        compression = "GZIP" if files[0].endswith(".gz") else ""
+        return spans.SpanInput(queue, files, worker, lambda file, skip: criteo.span_batches(
+            file, skip, batch_size, self.field_sizes, self.hash_buckets, compression,
+            self.train.skip_bad_lines))
+
     def eval_input(self, split: FileSplit, batch_size: int = 1000):
         """`split` once, in order, as `ctr.eval_input` gives it."""
         import tensorflow as tf

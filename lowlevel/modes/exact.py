@@ -95,7 +95,7 @@ class SmallVariables:
 
 
 def counted_update(opt, grads_and_vars, global_step, last_step: int,
-                   collection: Optional[str] = None):
+                   collection: Optional[str] = None, span=None):
     """An async training step that stops global_step at exactly `last_step`.
 
     The step reserves its number first with `CountUpTo` (one atomic op on
@@ -109,12 +109,16 @@ def counted_update(opt, grads_and_vars, global_step, last_step: int,
     Args:
       global_step: an integer variable (resource or not), on a ps.
       collection: a graph collection the `CountUpTo` op is added to, or None.
+      span: the batch's place in the data queue (`lowlevel.data.spans.SpanInput`), or
+        None: its `guard()` runs before the step reserves its number (a refused batch
+        reserves nothing), its `commit()` after the update.
 
     Returns:
       scalar of global_step's dtype: this step's number (the global step after it).
       Running it raises `tf.errors.OutOfRangeError` when no step is left.
     """
-    with tf.device(global_step.device):
+    guard = [span.guard()] if span is not None else []
+    with tf.device(global_step.device), tf.control_dependencies(guard):
         if hasattr(global_step, "handle"):
             previous = tf.raw_ops.ResourceCountUpTo(
                 resource=global_step.handle, limit=last_step, T=global_step.dtype.base_dtype)
@@ -132,6 +136,8 @@ def counted_update(opt, grads_and_vars, global_step, last_step: int,
     with tf.device(global_step.device):
         update = opt.apply_gradients(gated)
         with tf.control_dependencies([update]):
+            done = [span.commit()] if span is not None else []
+        with tf.control_dependencies([update] + done):
             return previous + 1
 
 

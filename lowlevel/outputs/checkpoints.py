@@ -37,6 +37,7 @@ from tensorflow.python.client import session as tf_session
 
 from lowlevel import errors
 from lowlevel.errors import CheckpointMismatch, NoReadableCheckpoint
+from lowlevel.data import spans
 from lowlevel.models import dynamic_embeddings
 from lowlevel.outputs import chunked_save
 
@@ -329,7 +330,8 @@ class _WithDeadline(tf_session.SessionInterface):
 
 
 class PartialRestore:
-    """Restores a checkpoint that lacks some optimizer state: the rest from it, that fresh.
+    """Restores a checkpoint that lacks some optimizer state (or the data queue,
+    `lowlevel.data.spans`): the rest from it, that fresh.
 
     Build it (in the training graph, before the session is created) when
     `missing_names` finds names that `check_compatible` allowed as optional;
@@ -349,10 +351,18 @@ class PartialRestore:
         self.path, self.missing = path, sorted(missing)
         present = {k: v for k, v in names.items() if k not in set(self.missing)}
         self._saver = StateSaver(present, sharded=True, timeout_secs=timeout_secs)
-        logging.warning(
-            "checkpoint %s holds no optimizer state for %d variable(s) (%s): restoring the "
-            "model and global_step from it; the optimizer's state starts fresh",
-            os.path.basename(path), len(self.missing), ", ".join(self.missing))
+        queue = [n for n in self.missing if n.startswith(spans.SCOPE + "/")]
+        if queue:
+            logging.warning(
+                "checkpoint %s has no data queue (it was written with --data_sharding=static "
+                "or before the queue existed): resuming with a fresh queue, epoch 0, every "
+                "span unread", os.path.basename(path))
+        optimizer = [n for n in self.missing if n not in queue]
+        if optimizer:
+            logging.warning(
+                "checkpoint %s holds no optimizer state for %d variable(s) (%s): restoring "
+                "the model and global_step from it; the optimizer's state starts fresh",
+                os.path.basename(path), len(optimizer), ", ".join(optimizer))
 
     def restore(self, sess) -> None:
         """Restores what the checkpoint holds (after the init op has run)."""

@@ -294,6 +294,7 @@ class FaultWatch:
         self.outage = outage or Outage(task_name, peers, fault_timeout_secs, clock)
         self._clock = clock
         self._reported: Optional[tuple] = None  # (outage start, when) of `failed`'s last line
+        self.retries = 0  # runs timed out or failed so far (`timed_out`, `failed`)
 
     def run(self, fn: Callable, what: str = "step", global_step: Optional[int] = None,
             lost: tuple = (), lost_in_outage: tuple = ()):
@@ -352,6 +353,7 @@ class FaultWatch:
 
     def timed_out(self, what: str, error: BaseException, global_step: Optional[int]) -> None:
         """Reports a run that hit its deadline; raises NetworkFault past the limit."""
+        self.retries += 1
         # The outage began when the run did (it waited that long).
         started = self.outage.run_started
         self.outage.begin(started if started is not None
@@ -372,6 +374,7 @@ class FaultWatch:
         """Reports a run that failed with a lost connection (its outage begun when the last
         run completed), in a line at most every `REPORT_EVERY_SECS`; raises NetworkFault
         past the limit."""
+        self.retries += 1
         self.outage.begin(None, what)
         silent = self.not_answering()
         message = ((getattr(error, "message", None) or str(error)).strip().splitlines()

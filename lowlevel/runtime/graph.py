@@ -27,6 +27,7 @@ from absl import logging
 from lowlevel.cluster import probes
 from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
+from lowlevel.errors import UsageError
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
 from lowlevel.models.optimizers import make_optimizer
@@ -56,6 +57,7 @@ class TrainGraph:
     steps: hooks.LoopState  # the global step as the loop last saw it
     saved: dict  # the saver's {name in checkpoints: variable or its shards}
     optimizer_names: set  # the names in `saved` that are optimizer state
+    span_input: Optional[object] = None  # `spans.SpanInput` with --data_sharding=queue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,12 +113,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                      cluster.num_ps if cluster else 0)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
-            if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
-                shards, shard, seed = 1, 0, config.seed + task.replica_index
-            else:
-                shards, shard, seed = mode.num_workers, task.replica_index, config.seed
-            iter_init, feed, iterator = data.train_iterator(config.batch_size * len(devices),
-                                                            shards, shard, seed)
+            iter_init, feed, iterator, span_input = _train_input(config, data, cluster, task,
+                                                                 mode, len(devices))
             images, labels = iterator.get_next()
             opt = make_optimizer(config.optimizer, config.lr)
             if mode.local:
@@ -124,7 +122,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                        global_step, hub)
             elif cluster:
                 step = _exact_step(config, mode, model_fn, images, labels, opt, global_step,
-                                   hub, data.probe_inputs, devices)
+                                   hub, data.probe_inputs, devices, span_input)
             else:
                 step = _in_process_step(config, model_fn, images, labels, opt, global_step)
             final_eval = None
@@ -146,7 +144,42 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                   steps, progress, final_eval, preempted)
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
                       run_hooks, progress, final_eval, examples_per_step, steps, saved,
-                      optimizer_names)
+                      optimizer_names, span_input)
+
+
+def _train_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Task,
+                 mode: Mode, towers: int):
+    """(initializer, its feed, iterator, `spans.SpanInput` or None) of the worker's input:
+    the data queue's (`_span_input`), else its fixed shard of the training split."""
+    span_input = _span_input(config, data, cluster, task, mode, towers)
+    if span_input is not None:
+        return span_input.initializer, {}, span_input, span_input
+    if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
+        shards, shard, seed = 1, 0, config.seed + task.replica_index
+    else:
+        shards, shard, seed = mode.num_workers, task.replica_index, config.seed
+    return (*data.train_iterator(config.batch_size * towers, shards, shard, seed), None)
+
+
+def _span_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Task, mode: Mode,
+                towers: int):
+    """The worker's `spans.SpanInput` (the queue on ps 0) with --data_sharding=queue in
+    effect (`TrainConfig.span_queue`), else None.
+
+    Raises:
+      UsageError: --data_sharding=queue on a worker with towers (the GPUs it found).
+    """
+    if not config.span_queue(cluster is not None, mode.sync):
+        return None
+    if towers > 1:
+        if config.data_sharding == "queue":
+            raise UsageError(f"--data_sharding=queue: not with towers ({towers} devices in "
+                             "this worker); give --towers=1 or --data_sharding=static")
+        return None
+    logging.info("data: %d span(s) (files) handed out by the queue on /job:ps/task:0",
+                 len(data.train.files))
+    return data.span_input(config.batch_size, task.replica_index, "/job:ps/task:0",
+                           config.span_lease_secs, config.seed, config.count_examples)
 
 
 def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed,
@@ -228,13 +261,14 @@ def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step
 
 
 def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
-                worker_device: str, probe_inputs, devices=(None,)) -> Step:
+                worker_device: str, probe_inputs, devices=(None,), span=None) -> Step:
     """The exact mode: small variables travel together (`lowlevel.modes.exact`), dense layers'
     products run where they move fewest bytes (`lowlevel.modes.ps_products`); async or sync.
 
     `devices`: more than one, the step's towers (`lowlevel.modes.towers`), with
     `worker_device` their hub; they keep their products (a tower's product on the
-    ps would send its inputs there once per tower)."""
+    ps would send its inputs there once per tower). `span`: the batch's check and
+    commit (`spans.SpanInput`), async only."""
     graph = v1.get_default_graph()
     first = len(graph.get_operations())
     model_fn(probe_inputs())  # creates the variables
@@ -264,8 +298,8 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
         fused_transfer.share_reads(v1.get_default_graph(), [
             v for v in v1.trainable_variables() if id(v) not in fused], worker_device)
     if not mode.sync:
-        return Step(loss, accuracy,
-                     exact.counted_update(opt, grads, global_step, config.train_steps))
+        return Step(loss, accuracy, exact.counted_update(opt, grads, global_step,
+                                                         config.train_steps, span=span))
     sync_opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=mode.replicas,
                                               total_num_replicas=mode.num_workers)
     # The step's value is the token it took, which the chief's sync op fills with the

@@ -16,7 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
-from lowlevel.errors import NoLiveSession, lost_session
+from lowlevel.errors import NoLiveSession, lost_session, step_refused
 from lowlevel.modes import local_sgd
 from lowlevel.runtime.faults import FaultWatch
 from lowlevel.runtime.sessions import live_session
@@ -103,9 +103,21 @@ class StepRunner:
         """Runs `fetch` through the monitored session (and so its hooks), with the deadline."""
         return self._watched(lambda options: self._sess.run(fetch, options=options), what)
 
-    def fast(self, fetch, what: str = "step"):
+    def fast(self, fetch, what: str = "step", feed_dict: Optional[dict] = None):
         """Runs `fetch` on the raw session (the monitored one after a failure); no hook sees it."""
+        if feed_dict:
+            return self._watched(lambda options: self._fed_once(fetch, feed_dict, options), what)
         return self._watched(lambda options: self._fast_once(fetch, options), what)
+
+    def _fed_once(self, fetch, feed_dict: dict, options):
+        raw = live_session(self._sess)
+        try:
+            if raw is not None:
+                return raw.run(fetch, feed_dict, options=options)
+        except Exception as e:  # noqa: BLE001 - narrowed by `lost_session`
+            if not lost_session(e):
+                raise
+        return self._sess.run(fetch, feed_dict=feed_dict, options=options)
 
     def _fast_once(self, fetch, options):
         raw = live_session(self._sess)
@@ -149,13 +161,34 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
         while not sess.should_stop() and not stop.is_set():
             try:
                 g.steps.value = int(step(g.train_op))
-            except tf.errors.OutOfRangeError:  # another worker took the last step
-                return
+            except Exception as e:  # noqa: BLE001 - narrowed by `step_refused`
+                if not step_refused(e):
+                    raise
+                if not _next_span(sess, g, step, e, stop, watch):
+                    return  # another worker took the last step
+                continue
             if g.steps.value >= last_step:
                 return
     finally:
         if watch is not None:  # a session lost from now on: its outage begins when noticed
             watch.stopped()
+
+
+def _next_span(sess, g: TrainGraph, step: StepRunner, error, stop: threading.Event,
+               watch: Optional[FaultWatch]) -> bool:
+    """After a step failed with `error`: with the data queue, claims the next span if the
+    span's file was read or its batch refused (`spans.SpanInput`), and returns whether the
+    loop goes on. `OutOfRangeError` of the last step: False. Any other error: raised."""
+    span = g.span_input
+    if span is not None and (span.ended(error) or span.moved_on(error)):
+        if span.moved_on(error):
+            logging.info("data queue: batch refused (its span moved on); claiming again")
+        return span.advance(lambda fetch, feed=None: step.fast(fetch, "claim", feed),
+                            live_session(sess), stop.is_set,
+                            watch.retries if watch is not None else 0)
+    if isinstance(error, tf.errors.OutOfRangeError):
+        return False
+    raise error
 
 
 def _send(sess, op, options=None):
