@@ -1,10 +1,12 @@
 """The data queue (`lowlevel.data.spans`, `--data_sharding=queue`): spans handed out on
-a real ps server, each once an epoch, a dead worker's span resumed by it or taken over
+a real ps server by fewest passes, a dead worker's span resumed by it or taken over
 after its lease, stale batches refused; across a launcher's cluster with a worker and
-then the ps SIGKILLed, every training line's update is in the final model exactly once
-per epoch (counted in the checkpoint, `--count_examples`); a checkpoint without the
-queue resumes with a fresh one and says so; where the queue does not apply, one line."""
+then the ps SIGKILLed, and with workers joining and leaving a sparseCluster job, every
+training line's update is in the final model exactly once per pass of its file (counted
+in the checkpoint, `--count_examples`); a checkpoint without the queue resumes with a
+fresh one and says so; where the queue does not apply, one line."""
 
+import json
 import socket
 import sys
 import time
@@ -14,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import clusters
-from lowlevel import errors
+from lowlevel import errors, events
 from lowlevel.config import TrainConfig
 from lowlevel.data import spans
 from lowlevel.outputs import checkpoints
@@ -45,61 +47,69 @@ class _Queue:
             self.worker, self.span = p(tf.int32, []), p(tf.int32, [])
             self.first, self.n = p(tf.int64, []), p(tf.int64, [])
             self._claim = self.queue.claim(self.worker, self.span, self.n)
-            self._check = self.queue.check(self.worker, tf.cast(self.span, tf.int64), self.first)
-            self._commit = self.queue.commit(self.worker, self.span, self.first, self.n)
+            where = tf.stack([tf.cast(self.span, tf.int64), self.first, self.n])
+            self._check = self.queue.check(self.worker, where)
+            self._commit = self.queue.commit(where)
             self.sess = v1.Session(self._servers[1].target)
             self.sess.run(v1.global_variables_initializer())
 
     def claim(self, worker, finished=-1, lines=0):
-        return tuple(int(x) for x in self.sess.run(self._claim, {
+        """(span, first line, epoch); `self.taken_over`: whether the claim took it over."""
+        *claimed, taken_over = (int(x) for x in self.sess.run(self._claim, {
             self.worker: worker, self.span: finished, self.n: lines}))
+        self.taken_over = bool(taken_over)
+        return tuple(claimed)
 
     def check(self, worker, span, first):
         self.sess.run(self._check, {self.worker: worker, self.span: span, self.first: first})
 
-    def commit(self, worker, span, first, n) -> bool:
-        return bool(self.sess.run(self._commit, {self.worker: worker, self.span: span,
-                                                 self.first: first, self.n: n}))
+    def commit(self, span, first, n) -> bool:
+        return bool(self.sess.run(self._commit, {self.span: span, self.first: first,
+                                                 self.n: n}))
 
     def state(self, name):
         return self.sess.run(getattr(self.queue, name))
 
 
 @pytest.mark.timeout(60)
-def test_spans_go_once_an_epoch_and_a_dead_workers_span_is_resumed_or_taken_over():
+def test_spans_go_by_fewest_passes_and_a_dead_workers_span_is_resumed_or_taken_over():
     q = _Queue(3, lease_secs=1.0)
     a, first_a, epoch = q.claim(0)
     b, _, _ = q.claim(1)
     assert a != b and first_a == 0 and epoch == 0
-    assert q.commit(0, a, 0, 10) and q.state("offset")[a] == 10
+    assert q.commit(a, 0, 10) and q.state("offset")[a] == 10
     # a batch whose lines are already in (or that is not the owner's) is refused before
     # its step reserves anything; a commit that slipped past the check is counted
     for worker, first in ((0, 5), (1, 10)):
         with pytest.raises(tf.errors.InvalidArgumentError, match=spans.MOVED_ON):
             q.check(worker, a, first)
     q.check(0, a, 10)
-    assert not q.commit(0, a, 0, 10) and q.state("duplicated")[()] == 1
+    assert not q.commit(a, 0, 10) and q.state("duplicated")[()] == 1
     assert q.state("offset")[a] == 10
-    # read to its end (10 lines): DONE; the next is the only free one
-    c, first_c, _ = q.claim(0, finished=a, lines=10)
-    assert c not in (a, b) and first_c == 0 and q.state("owner")[a] == spans.DONE
+    # read to its end (10 lines): a's pass is complete; the next is the span with fewest
+    c, first_c, epoch = q.claim(0, finished=a, lines=10)
+    assert c not in (a, b) and (first_c, epoch) == (0, 0)
+    assert q.state("passes")[a] == 1 and q.state("owner")[a] == spans.FREE
     # worker 1 dies 4 lines into b; restarted, it takes b back where the model is
-    assert q.commit(1, b, 0, 4)
-    assert q.claim(1) == (b, 4, 0)
-    # worker 0 finishes c: none free, b in flight and its lease fresh: wait ...
-    assert q.commit(0, c, 0, 6)
-    assert q.claim(0, finished=c, lines=6)[0] == -1
-    time.sleep(1.2)  # ... until b's owner has not committed for the lease
-    assert q.claim(0) == (b, 4, 0)
-    assert not q.commit(1, b, 4, 3)  # the old owner, woken: counted, not applied
-    assert q.state("duplicated")[()] == 2 and q.state("offset")[b] == 4
-    assert q.commit(0, b, 4, 5)
-    # every span DONE: the next claim opens epoch 1, every span unread again
-    span, first, epoch = q.claim(0, finished=b, lines=9)
-    assert (first, epoch) == (0, 1) and 0 <= span < 3
-    assert list(q.state("offset")) == [0, 0, 0]
-    assert sorted(q.state("owner")) == sorted([spans.FREE, spans.FREE, 0])
-    assert q.state("committed")[()] == 6
+    assert q.commit(b, 0, 4)
+    assert q.claim(1) == (b, 4, 0) and not q.taken_over
+    # worker 0 finishes c and goes on to a second pass at once (no wait for b)
+    assert q.commit(c, 0, 6)
+    x, first, epoch = q.claim(0, finished=c, lines=6)
+    assert x in (a, c) and (first, epoch) == (0, 1)
+    assert q.claim(2)[0] == ({a, c} - {x}).pop()
+    assert q.claim(3)[0] == -1  # every span held, every lease fresh: wait ...
+    time.sleep(1.2)  # ... until their owners have not committed for the lease
+    assert q.claim(3) == (b, 4, 0) and q.taken_over  # the fewest passes of the expired
+    # the old owner, woken between its check and its commit: its lines go in once, and
+    # the new owner's first batch is refused; it claims again and resumes after them
+    assert q.commit(b, 4, 3) and q.state("offset")[b] == 7
+    with pytest.raises(tf.errors.InvalidArgumentError, match=spans.MOVED_ON):
+        q.check(3, b, 4)
+    assert q.claim(3) == (b, 7, 0) and not q.taken_over
+    # two commits of the same lines (both past the check): the second is counted
+    assert q.commit(b, 7, 2) and not q.commit(b, 7, 2)
+    assert q.state("duplicated")[()] == 2 and q.state("committed")[()] == 7
 
 
 def test_the_queue_is_refused_where_it_does_not_apply():
@@ -127,19 +137,20 @@ def _make(tmp_path, files=8, rows=16000):
 
 
 def _assert_once_per_epoch(out, train_dir):
-    """The final checkpoint's `seen` is the epochs done, plus one on the lines of this
-    epoch whose spans are DONE or before their `offset`."""
+    """The final checkpoint's `seen` is each span's passes, plus one on the lines of its
+    current pass before its `offset`."""
     reader = tf.train.load_checkpoint(checkpoints.latest(str(out)))
     state = {n: reader.get_tensor(f"{spans.SCOPE}/{n}") for n in (
-        "seen", "owner", "offset", "epoch", "committed_steps", "duplicated_batches")}
+        "seen", "owner", "offset", "passes", "committed_steps", "duplicated_batches")}
     counts = spans.count_lines(sorted(str(p) for p in train_dir.glob("*.tsv")))
-    expected, start = np.full(sum(counts), state["epoch"], np.int64), 0
+    expected, start = np.zeros(sum(counts), np.int64), 0
     for k, n in enumerate(counts):
-        expected[start:start + (n if state["owner"][k] == spans.DONE else state["offset"][k])] += 1
+        expected[start:start + n] = state["passes"][k]
+        expected[start:start + state["offset"][k]] += 1
         start += n
     wrong = np.nonzero(state["seen"] != expected)[0]
     assert not len(wrong), (len(wrong), wrong[:10], state["seen"][wrong[:10]], state)
-    assert state["epoch"] >= 1 and state["duplicated_batches"] == 0, state
+    assert state["passes"].min() >= 1 and state["duplicated_batches"] == 0, state
     return state, int(reader.get_tensor("global_step"))
 
 
@@ -187,3 +198,78 @@ def test_a_checkpoint_without_the_queue_resumes_with_a_fresh_one(tmp_path):
     assert "has no data queue" in text and "resuming with a fresh queue" in text, text[-3000:]
     state, step = _assert_once_per_epoch(out, tmp_path / "train")
     assert step == 300 and state["committed_steps"] == 150, state  # counted since the resume
+
+
+def _sparse(job: str, index: int, address: str, ps: str) -> str:
+    """enableDynamicWorker's TF_CONFIG: a task knows the ps and itself only."""
+    workers = {str(index): address} if job == "worker" else {}
+    return json.dumps({"sparseCluster": {"worker": workers, "ps": [ps]},
+                       "task": {"type": job, "index": index}})
+
+
+def _claims(out, task) -> list:
+    return [r for r in events.read_all(str(out)) if r["event"] == "span_claimed"
+            and r["task"] == task]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(360)
+def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_once(tmp_path):
+    """sparseCluster workers (no worker list): worker2 joins mid-run; worker1 is SIGKILLed
+    for good right after it claimed a span, which another worker takes over after the
+    lease and reads from where the model is."""
+    files = _make(tmp_path)
+    out = tmp_path / "out"
+    ps = f"127.0.0.1:{_port()}"
+    flags = ["--model=wide_deep", "--dataset=criteo_files", "--batch_size=64",
+             "--train_steps=1500", "--count_examples", "--span_lease_secs=3",
+             f"--output_dir={out}", *files]
+    procs = {}
+
+    def start(job, index):
+        address = f"127.0.0.1:{_port()}" if job == "worker" else ps
+        procs[f"{job}{index}"] = clusters.start(
+            [sys.executable, "-m", "lowlevel.trainer", *flags], tmp_path / f"{job}{index}.log",
+            env={"TF_CONFIG": _sparse(job, index, address, ps)})
+
+    try:
+        for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
+            start(job, index)
+        _wait_for(lambda: _step(out) >= 300, 150, procs)
+        start("worker", 2)  # joins: no task was told of it
+        _wait_for(lambda: _step(out) >= 600 and _claims(out, "worker2"), 150, procs)
+        held = len(_claims(out, "worker1"))
+        _wait_for(lambda: len(_claims(out, "worker1")) > held, 60, procs)
+        procs["worker1"].kill()  # leaves, right after it claimed a span
+        left, killed = _claims(out, "worker1")[-1], time.time()
+        statuses = clusters.wait_all({n: p for n, p in procs.items() if n != "worker1"}, 240)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    for name, (code, _) in statuses.items():
+        assert code == 0, f"{name} exited {code}:\n{clusters.tail(tmp_path / f'{name}.log')}"
+    state, step = _assert_once_per_epoch(out, tmp_path / "train")
+    assert step == 1500 and state["owner"].max() != 1, state  # worker1 holds nothing
+    taken = [r for w in ("worker0", "worker2") for r in _claims(out, w)
+             if (r["span"], r["epoch"]) == (left["span"], left["epoch"])
+             and r["unix_time"] > killed]
+    assert taken and taken[0]["taken_over"], (left, taken)
+    assert len(_claims(out, "worker2")) >= 2
+
+
+def _step(out) -> int:
+    steps = [r["global_step"] for r in events.read_all(str(out))
+             if r["event"] == "progress"]
+    return max(steps, default=0)
+
+
+def _wait_for(condition, timeout_secs: float, procs: dict) -> None:
+    deadline = time.monotonic() + timeout_secs
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        dead = {n: p.poll() for n, p in procs.items() if p.poll() not in (None, 0)}
+        assert not dead, dead
+        time.sleep(0.1)
+    pytest.fail(f"not within {timeout_secs} s")

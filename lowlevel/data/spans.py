@@ -4,17 +4,17 @@
 are the spans (span k is file k of `--train_files`, sorted). Instead of reading a fixed
 share, each worker takes its next span from the queue when it has read the last one, so
 a worker that dies, joins or leaves changes who reads what, not what is read. The
-queue is TensorFlow state on ps 0 (variables under `data_queue/`, changed under one
-`tf.CriticalSection`), reached by every worker through its session: it survives any
-worker's death, and it is saved in the same checkpoint as the model, so a restore after
-a ps or chief failure resumes the data where the restored model was.
+queue is TensorFlow state on ps 0 (variables under `data_queue/`), reached by every
+worker through its session: it survives any worker's death, and it is saved in the same
+checkpoint as the model, so a restore after a ps or chief failure resumes the data where
+the restored model was.
 
 The state (span k of S; all int64 unless said):
 
-    data_queue/epoch             []   passes over the queue begun (0: the first)
-    data_queue/owner (int32)     [S]  FREE (-1), DONE (-2), or the worker reading it
-    data_queue/offset            [S]  lines of span k whose updates are in the model
-    data_queue/lease (float64)   [S]  seconds since the epoch of its owner's last step
+    data_queue/passes            [S]  passes over span k completed (its epochs)
+    data_queue/owner (int32)     [S]  FREE (-1), or the worker reading it
+    data_queue/offset            [S]  lines of span k's current pass in the model
+    data_queue/lease (float64)   [S]  seconds since the Unix epoch of its owner's last step
     data_queue/committed_steps   []   steps whose batch was committed
     data_queue/duplicated_batches []  batches applied although their lines were applied
                                       (see below: 0 unless a worker froze past its lease)
@@ -22,29 +22,33 @@ The state (span k of S; all int64 unless said):
                                       (file by file, in order) is in the model
 
 The protocol, per worker (`SpanInput`, driven by the training loop):
-1. Claim: in the critical section, the worker's own span in flight (a restarted worker
-   resumes it), else a free one, else one whose owner has not stepped for
-   `--span_lease_secs` (it is taken over), in an order shuffled per epoch. It reads the
-   file from `offset` on. When every span is DONE, the epoch advances and every span is
-   free again; when none is free but some are in flight elsewhere, the worker waits
-   (polling every 0.5 s).
+1. Claim (under one `tf.CriticalSection` on ps 0): the worker's own span in flight (a
+   restarted worker resumes it), else, of the spans free or held by a worker that has
+   not committed a step for `--span_lease_secs` (taken over), the one with the fewest
+   passes; among equals in an order shuffled per pass. The worker reads the file from `offset` on. No
+   worker waits at an epoch's end: the next pass of a span may begin while another
+   span's pass is in flight, so passes differ by at most one while no span is held by a
+   worker past its lease.
 2. Each step's batch is one span's consecutive lines [first, first + n). Before the step
    reserves its number (`exact.counted_update`), a check on ps 0 requires that the worker
-   still owns the span and that `first == offset`; otherwise the step fails, nothing is
+   owns the span and that `first == offset`; otherwise the step fails, nothing is
    applied, and the worker claims again (it resumes where the model is).
-3. After the step's update is applied on every ps, the commit (critical section) adds n to
-   `offset`, refreshes the lease, and with `--count_examples` adds 1 to `seen` for each
-   line.
-4. At the end of its file the worker claims again, naming the finished span: it becomes
-   DONE when `offset` has reached the lines the worker read.
+3. After the step's update is applied on every ps, the commit adds n to `offset` (if it
+   still equals `first`), refreshes the lease, and with `--count_examples` adds 1 to
+   `seen` for each line.
+4. At the end of its file the worker claims again, naming the finished span: if `offset`
+   has reached the lines the worker read, the span's pass is complete (`passes` + 1,
+   `offset` 0, free).
 
-What this guarantees: every line's update is in the model exactly once per epoch, across
-worker kills, restarts, joins and leaves, and ps or chief restores from a checkpoint (the
-queue is restored with the model). What it does not: with several ps tasks, a worker that
-dies after some ps applied its step and before the commit leaves that part of the update
-in, and its lines are read again: `global_step - committed_steps` (for steps trained from
-the queue) bounds those steps. A worker frozen past its lease, whose span another worker
-then took over, applies its in-flight batch twice: counted in `duplicated_batches`.
+What this guarantees: every line's update is in the model exactly once per pass of its
+span (`seen` = `passes`, plus 1 before `offset`), across worker kills, restarts, joins and
+leaves, and ps or chief restores from a checkpoint (the queue is restored with the
+model). What it does not: with several ps tasks, a worker that dies after some ps applied
+its step and before the commit leaves that part of the update in, and its lines are read
+again: `global_step - committed_steps` (for steps trained from the queue) bounds those
+steps. Two workers that both passed the check for the same lines (one frozen past its
+lease between its check and its commit, the other taking the span over) apply them
+twice: counted in `duplicated_batches`.
 """
 
 from __future__ import annotations
@@ -55,9 +59,11 @@ from typing import Optional, Sequence
 
 from absl import logging
 
-FREE, DONE = -1, -2
+from lowlevel import events
+
+FREE = -1
 SCOPE = "data_queue"
-WAIT_SECS = 0.5  # a worker's poll while the epoch's last spans are in flight elsewhere
+WAIT_SECS = 0.5  # a worker's poll while every span is in flight elsewhere (workers > spans)
 MOVED_ON = "lowlevel data_queue: the span moved on"  # the check's failure message
 
 
@@ -80,7 +86,7 @@ class SpanQueue:
       num_spans: S, the training files.
       lease_secs: a span in flight on a worker that has not committed a step for this
         long may be taken over (`--span_lease_secs`).
-      seed: the per-epoch order's seed (`--seed`).
+      seed: the per-pass order's seed (`--seed`).
       line_counts: with `--count_examples`, each file's lines (`count_lines`): `seen` is
         built, one int32 per line.
     """
@@ -94,7 +100,7 @@ class SpanQueue:
             def var(name, value):
                 return v1.get_variable(name, initializer=value, trainable=False,
                                        use_resource=True)
-            self.epoch = var("epoch", tf.constant(0, tf.int64))
+            self.passes = var("passes", tf.zeros([num_spans], tf.int64))
             self.owner = var("owner", tf.fill([num_spans], FREE))
             self.offset = var("offset", tf.zeros([num_spans], tf.int64))
             self.lease = var("lease", tf.zeros([num_spans], tf.float64))
@@ -106,12 +112,16 @@ class SpanQueue:
                 starts = [sum(line_counts[:k]) for k in range(num_spans)]
                 self.bases = tf.constant(starts, tf.int64)
             self._lock = tf.CriticalSection(name="lock", shared_name=f"{SCOPE}_lock")
+            self._spans = tf.range(num_spans, dtype=tf.int64)
 
     def claim(self, worker, finished, finished_lines):
-        """Op (on ps 0): int64 [3] (span or -1 to wait, its first unread line, epoch).
+        """Op (on ps 0): int64 [4]: span or -1 (every span in flight elsewhere: wait), its
+        first unread line, its passes so far (this pass's epoch), and 1 if it was taken
+        over from a worker past its lease (else 0).
 
         `worker`: int32 scalar; `finished`: int32 span the worker read to its end, or -1;
-        `finished_lines`: int64 lines it read of it (DONE if `offset` reached them).
+        `finished_lines`: int64 lines it read of it (the pass completes if `offset` reached
+        them).
         """
         import tensorflow as tf
         with tf.compat.v1.device(self.device):
@@ -119,76 +129,98 @@ class SpanQueue:
                                       name="claim")
 
     def _claim(self, worker, finished, finished_lines):
+        """The claim's body, in the critical section. It writes `offset` and `lease` only at
+        the spans it changes (scatters): commits change them outside the lock."""
         import tensorflow as tf
-        spans = tf.range(self.num_spans)
         owner, offset = self.owner.read_value(), self.offset.read_value()
-        epoch, lease = self.epoch.read_value(), self.lease.read_value()
-        is_finished = tf.logical_and(tf.equal(spans, finished), tf.equal(owner, worker))
-        owner = tf.where(tf.logical_and(is_finished, offset >= finished_lines), DONE, owner)
-        new_epoch = tf.reduce_all(tf.equal(owner, DONE))
-        epoch = epoch + tf.cast(new_epoch, tf.int64)
-        owner = tf.where(new_epoch, tf.fill([self.num_spans], FREE), owner)
-        offset = tf.where(new_epoch, tf.zeros_like(offset), offset)
+        passes, lease, read = self.passes.read_value(), self.lease.read_value(), offset
+        f = tf.maximum(tf.cast(finished, tf.int64), 0)
+        done = tf.logical_and(finished >= 0, tf.logical_and(
+            tf.equal(owner[f], worker), offset[f] >= finished_lines))
+        is_done = tf.logical_and(tf.equal(self._spans, f), done)
+        passes = passes + tf.cast(is_done, tf.int64)
+        owner = tf.where(is_done, FREE, owner)
+        offset = tf.where(is_done, tf.zeros_like(offset), offset)
         now = tf.timestamp()
         expired = tf.logical_and(owner >= 0, now - lease > self._lease)
-        rank = tf.argsort(tf.random.stateless_uniform(
-            [self.num_spans], tf.stack([tf.constant(self._seed, tf.int64), epoch])))
-        kind = tf.where(tf.equal(owner, worker), 0, tf.where(
-            tf.equal(owner, FREE), 1, tf.where(expired, 2, 3)))
-        chosen = tf.cast(tf.argmin(kind * self.num_spans + tf.cast(rank, tf.int32)), tf.int32)
+        # 0: its own; 1: free, or held past the lease (a dead worker's falls behind in
+        # passes, so it is next); 3: held by a live worker
+        kind = tf.cast(tf.where(tf.equal(owner, worker), 0, tf.where(
+            tf.logical_or(tf.equal(owner, FREE), expired), 1, 3)), tf.int64)
+        fewest = passes - tf.reduce_min(passes)
+        key = (kind * (tf.reduce_max(fewest) + 1) + fewest) * self.num_spans + \
+            self._order(passes)
+        chosen = tf.argmin(key)
         ok = kind[chosen] < 3
-        take = tf.logical_and(tf.equal(spans, chosen), ok)
-        with tf.control_dependencies([owner, offset, epoch, lease]):
-            writes = [self.owner.assign(tf.where(take, worker, owner)),
-                      self.offset.assign(offset), self.epoch.assign(epoch),
-                      self.lease.assign(tf.where(take, now, lease))]
+        with tf.control_dependencies([owner, offset, passes, lease]):
+            done_64 = tf.cast(done, tf.int64)
+            writes = [
+                self.owner.assign(tf.where(tf.logical_and(tf.equal(self._spans, chosen), ok),
+                                           worker, owner)),
+                self.offset.scatter_add(_at(f, -read[f] * done_64)),  # to 0 if done
+                self.passes.scatter_add(_at(f, done_64)),
+                self.lease.scatter_update(_at(chosen, tf.where(ok, now, lease[chosen])))]
         with tf.control_dependencies(writes):
-            return tf.stack([tf.where(ok, tf.cast(chosen, tf.int64), -1),
-                             tf.where(ok, offset[chosen], 0), epoch])
+            return tf.stack([tf.where(ok, chosen, -1), tf.where(ok, offset[chosen], 0),
+                             passes[chosen], tf.cast(tf.logical_and(ok, expired[chosen]),
+                                                     tf.int64)])
 
-    def check(self, worker, span, first):
-        """Op (on ps 0) that fails with `MOVED_ON` unless `worker` owns `span` and the model
-        holds exactly its lines before `first` (all int64 but `worker`, int32)."""
+    def _order(self, passes):
+        """int64 [S]: the spans' ranks in a pseudo-random order, anew for each pass (a
+        multiplicative hash of (seed, span, pass), ranked)."""
+        import tensorflow as tf
+        mixed = (self._spans * 2654435761 + (passes + 1) * 40503 + self._seed * 97) % 4294967291
+        mixed = (mixed * 2246822519) % 4294967291
+        return tf.cast(tf.argsort(tf.argsort(mixed, stable=True), stable=True), tf.int64)
+
+    def check(self, worker, where):
+        """Op (on ps 0) that fails with `MOVED_ON` unless `worker` (int32) owns the span of
+        `where` (int64 [3]: span, first line, lines) and the model holds exactly its lines
+        before `first`."""
         import tensorflow as tf
         with tf.compat.v1.device(self.device):
-            s = tf.cast(span, tf.int32)
-            owned = tf.logical_and(tf.equal(tf.gather(self.owner.read_value(), s), worker),
-                                   tf.equal(tf.gather(self.offset.read_value(), s), first))
+            span, first = where[0], where[1]
+            owned = tf.logical_and(tf.equal(self.owner.sparse_read(span), worker),
+                                   tf.equal(self.offset.sparse_read(span), first))
             return tf.debugging.Assert(owned, [MOVED_ON, "span", span, "line", first])
 
-    def commit(self, worker, span, first, n):
-        """Op (on ps 0, critical section): the batch's `n` lines from `first` of `span` are in
-        the model. Build it under a control dependency on the step's update."""
+    def commit(self, where):
+        """Op (on ps 0): the batch `where` (int64 [3]: span, first line, n lines) is in the
+        model. Build it under a control dependency on the step's update. Not under the
+        lock: the check before the step keeps two workers from committing the same lines
+        unless one froze between its check and its commit past its lease (counted)."""
         import tensorflow as tf
         with tf.compat.v1.device(self.device):
-            return self._lock.execute(lambda: self._commit(worker, span, first, n),
-                                      name="commit")
+            span, first, n = where[0], where[1], where[2]
+            ok = tf.equal(self.offset.sparse_read(span), first)
+            with tf.control_dependencies([ok]):
+                writes = [
+                    self.offset.scatter_add(tf.IndexedSlices(
+                        tf.reshape(n * tf.cast(ok, tf.int64), [1]), tf.reshape(span, [1]))),
+                    self.lease.scatter_update(tf.IndexedSlices(
+                        tf.reshape(tf.timestamp(), [1]), tf.reshape(span, [1]))),
+                    self.committed.assign_add(1),
+                    self.duplicated.assign_add(1 - tf.cast(ok, tf.int64))]
+                if self.seen is not None:
+                    ids = tf.gather(self.bases, span) + first + tf.range(n)
+                    writes.append(self.seen.scatter_add(tf.IndexedSlices(
+                        tf.fill([n], tf.cast(ok, tf.int32)), ids)))
+            with tf.control_dependencies(writes):
+                return tf.identity(ok)
 
-    def _commit(self, worker, span, first, n):
-        import tensorflow as tf
-        s = tf.cast(span, tf.int32)
-        owner, offset = self.owner.read_value(), self.offset.read_value()
-        ok = tf.logical_and(tf.equal(owner[s], worker), tf.equal(offset[s], first))
-        one = tf.one_hot(s, self.num_spans, dtype=tf.int64)
-        with tf.control_dependencies([owner, offset]):
-            writes = [self.offset.assign_add(one * n * tf.cast(ok, tf.int64)),
-                      self.lease.assign(tf.where(tf.cast(one, tf.bool), tf.timestamp(),
-                                                 self.lease.read_value())),
-                      self.committed.assign_add(1),
-                      self.duplicated.assign_add(1 - tf.cast(ok, tf.int64))]
-            if self.seen is not None:
-                ids = self.bases[s] + first + tf.range(n)
-                writes.append(self.seen.scatter_add(tf.IndexedSlices(
-                    tf.fill([n], tf.cast(ok, tf.int32)), ids)))
-        with tf.control_dependencies(writes):
-            return tf.identity(ok)
+
+def _at(index, value):
+    """`tf.IndexedSlices` of one scalar `value` at scalar `index` (for a variable's scatter)."""
+    import tensorflow as tf
+    return tf.IndexedSlices(tf.reshape(value, [1]), tf.reshape(index, [1]))
 
 
 class SpanInput:
     """A worker's input from the queue: batches of one span's lines, then the next span.
 
     `get_next()` gives (features, labels) as `ctr_files`' iterators do; the batch's span,
-    first line and line count ride along for `check` and `commit` (`guard`, `commit`).
+    first line and line count ride along (one int64 [3] to ps 0) for `check` and
+    `commit` (`guard`, `commit`).
     The loop calls `advance` when a step ends with `ended` (the span's file is read) or
     `moved_on` (the check refused the batch).
     """
@@ -217,28 +249,28 @@ class SpanInput:
         self._finished = v1.placeholder(tf.int32, [])
         self._finished_lines = v1.placeholder(tf.int64, [])
         self._claim = queue.claim(tf.constant(worker), self._finished, self._finished_lines)
-        self._batch = None
+        self._where = None
         self._current, self._session, self._retries, self._verified_at = -1, None, 0, -1
 
     def get_next(self):
         """(features, labels) of the next batch (one call per graph)."""
+        import tensorflow as tf
         batch, (first, n) = self._iterator.get_next()
-        self._batch = (self._span_var.read_value(), first, n)
+        self._where = tf.stack([self._span_var.read_value(), first, n])  # one transfer
         return batch
 
     def guard(self):
         """Op: the check before the step reserves its number, and this worker's count of the
         span's lines read (the claim's `finished_lines`)."""
         import tensorflow as tf
-        span, first, n = self._batch
-        with tf.control_dependencies([self._read.assign(first + n)]):
-            return self.queue.check(tf.constant(self.worker), span, first)
+        with tf.control_dependencies([self._read.assign(self._where[1] + self._where[2])]):
+            self._where = tf.identity(self._where)  # the commit's too: sent once
+        with tf.compat.v1.device(self.queue.device):
+            return self.queue.check(tf.constant(self.worker), self._where)
 
     def commit(self):
         """Op: the commit of this step's batch (build it after the update)."""
-        import tensorflow as tf
-        span, first, n = self._batch
-        return self.queue.commit(tf.constant(self.worker), span, first, n)
+        return self.queue.commit(self._where)
 
     @staticmethod
     def ended(error) -> bool:
@@ -269,30 +301,35 @@ class SpanInput:
                 self._verified_at, self._retries = lines, retries
                 self._point(run, finished, lines)
                 return True
-        span, skip, epoch = self._claim_next(run, finished, lines, stopping)
+        span, skip, epoch, taken_over = self._claim_next(run, finished, lines, stopping)
+        # epoch: the passes over this span before this one
         if span < 0:
             return False
         self._current, self._session, self._retries = span, session, retries
         self._verified_at = -1
         self._point(run, span, skip)
-        logging.info("data queue: span %d (%s) from line %d, epoch %d", span,
-                     self.files[span], skip + 1, epoch)
+        logging.info("data queue: span %d (%s) from line %d, epoch %d%s", span,
+                     self.files[span], skip + 1, epoch, " (taken over: its worker had not "
+                     "committed a step for --span_lease_secs)" if taken_over else "")
+        events.emit("span_claimed", None, span=span, first_line=skip + 1, epoch=epoch,
+                    taken_over=bool(taken_over))
         return True
 
     def _point(self, run, span: int, skip: int) -> None:
         run(self._start, {self._file: [self.files[span]], self._skip: skip, self._span: span})
 
     def _claim_next(self, run, finished: int, lines: int, stopping):
-        """(span, first unread line, epoch) claimed; span -1 if `stopping()` while waiting."""
+        """(span, first unread line, epoch, taken over) claimed; span -1 if `stopping()`
+        while waiting."""
         waiting = False
         while True:
-            span, skip, epoch = (int(x) for x in run(self._claim, {
-                self._finished: finished, self._finished_lines: lines}))
+            claimed = [int(x) for x in run(self._claim, {
+                self._finished: finished, self._finished_lines: lines})]
             finished = -1
-            if span >= 0 or stopping():
-                return span, skip, epoch
+            if claimed[0] >= 0 or stopping():
+                return claimed
             if not waiting:
-                logging.info("data queue: every span of epoch %d is taken; waiting for the "
-                             "workers reading the last ones", epoch)
+                logging.info("data queue: every span is being read by another worker (more "
+                             "workers than --train_files); waiting for one")
                 waiting = True
             time.sleep(WAIT_SECS)

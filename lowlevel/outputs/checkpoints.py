@@ -355,8 +355,8 @@ class PartialRestore:
         if queue:
             logging.warning(
                 "checkpoint %s has no data queue (it was written with --data_sharding=static "
-                "or before the queue existed): resuming with a fresh queue, epoch 0, every "
-                "span unread", os.path.basename(path))
+                "or before the queue existed): resuming with a fresh queue, every span "
+                "unread", os.path.basename(path))
         optimizer = [n for n in self.missing if n not in queue]
         if optimizer:
             logging.warning(

@@ -1,0 +1,241 @@
+"""The data queue under churn: what a kill costs, and whether every example is in once.
+
+    python -m benchmarks.elastic                      # ~6 min on 2 idle cores
+    python -m benchmarks.elastic --repeats=1 --skip_steady
+
+wide_deep on Criteo-layout files with a planted signal (written first, `--rows` lines in
+`--files` files, by `lowlevel.data.criteo`), every task a process on this machine
+(`python -m lowlevel.launch --no_isolation`), async exact mode, `--batch_size`.
+
+steady  `--data_sharding=static` against `--data_sharding=queue`, 1 ps + 2 workers,
+        alternating, `--repeats` rounds: examples/s after warm-up (`benchmarks._runners`)
+        and test AUC. What the queue costs when nothing fails (its check and commit on
+        ps 0 each step, one file read at a time by each worker).
+churn   2 ps + 2 workers, `--data_sharding=queue --count_examples`, the launcher
+        restarting what dies (`--max_restarts=1`); at 25, 45 and 65 % of the steps,
+        SIGKILL of worker1, of ps1, of worker0 (the chief), in turn. From the tasks'
+        events (`lowlevel.events`):
+          resume_secs    a kill to the first progress after it (a ps's kill: after the
+                         sessions' recovery): the cluster training again, whoever trains
+          rolled_back_steps  (a ps's kill) the global step at the kill less the step of
+                         the checkpoint the chief restored (work done again)
+          rescale_secs   (a worker's kill) its new process's `started` to its first
+                         `progress`: a new worker's start to its first applied steps,
+                         within --log_every_secs (0.25 s)
+          churn_ratio    examples/s per live worker from the first kill to the end,
+                         against the steady rate per worker before it (a worker is live
+                         from its `session_ready`/`recovered` to its kill)
+        and from the final checkpoint (`data_queue/seen`, one count per line):
+          lost / duplicated   lines counted fewer / more times than their span's
+                              passes say (`lowlevel.data.spans`)
+          uncommitted         global_step - committed_steps: steps begun whose commit
+                              did not happen (with 2 ps, part of their update may be in)
+
+Results go to `<out>/results.json`; benchmarks/NOTES.md has the runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import psutil
+from absl import app, flags
+
+from benchmarks import _runners
+from lowlevel import events
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("repeats", 2, "Steady rounds (each runs both sides).")
+flags.DEFINE_bool("skip_steady", False, "Run the churn run only.")
+flags.DEFINE_integer("rows", 400_000, "Training lines written (and 20,000 test lines).")
+flags.DEFINE_integer("files", 16, "Training files: the queue's spans.")
+flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
+flags.DEFINE_integer("steady_steps", 1500, "Global steps of a steady run.")
+flags.DEFINE_integer("churn_steps", 4000, "Global steps of the churn run.")
+flags.DEFINE_string("out", None, "Directory for the data, runs and results.json.")
+flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")
+
+FAULTS = ((0.25, "worker1"), (0.45, "ps1"), (0.65, "worker0"))
+
+
+def _data(out: str) -> list:
+    from lowlevel.data import criteo
+    train = criteo.write_files(os.path.join(out, "data", "train"), FLAGS.rows, FLAGS.files)
+    criteo.write_files(os.path.join(out, "data", "test"), 20_000, 1, seed=9)
+    return [f"--train_files={os.path.dirname(train[0])}/*.tsv",
+            f"--eval_files={os.path.join(out, 'data', 'test')}/*"]
+
+
+def _common(files: list) -> list:
+    return ["--model=wide_deep", "--dataset=criteo_files", f"--batch_size={FLAGS.batch_size}",
+            "--save_checkpoint_steps=500", *files]
+
+
+def steady(out: str, files: list) -> dict:
+    """The static/queue rounds: {side: [run summaries]} and the median ratio."""
+    sides: dict = {"static": [], "queue": []}
+    for i in range(FLAGS.repeats):
+        for side in (("static", "queue") if i % 2 == 0 else ("queue", "static")):
+            workdir = os.path.join(out, f"steady_{side}_r{i}")
+            os.makedirs(workdir, exist_ok=True)
+            run = _runners.run_lowlevel(1, 2, _common(files) + [
+                f"--data_sharding={side}", f"--train_steps={FLAGS.steady_steps}",
+                "--warmup_steps=100", "--log_every_secs=5"],
+                workdir, FLAGS.timeout_secs, FLAGS.batch_size)
+            if not run.get("ok"):
+                raise SystemExit(f"steady {side}, round {i}: {run.get('error')}")
+            sides[side].append({"examples_per_sec": run["examples_per_sec"],
+                                "auc": run["auc"], "global_step": run["global_step"]})
+            print(f"steady round {i} {side:6s} examples/s {run['examples_per_sec']:9.1f}  "
+                  f"AUC {run['auc']:.4f}  final step {run['global_step']}", flush=True)
+    ratios = [q["examples_per_sec"] / s["examples_per_sec"]
+              for q, s in zip(sides["queue"], sides["static"])]
+    return {**sides, "ratios": [round(r, 3) for r in ratios],
+            "ratio": round(statistics.median(ratios), 3)}
+
+
+def _task(launcher: psutil.Process, name: str) -> psutil.Process:
+    job, index = re.match(r"(\D+)(\d+)$", name).groups()
+    for child in launcher.children():
+        argv = child.cmdline()
+        if f"--job_name={job}" in argv and f"--task_index={index}" in argv:
+            return child
+    raise RuntimeError(f"no live {name} among the launcher's children")
+
+
+def _progress(run_dir: str) -> list:
+    return sorted((r["unix_time"], r["global_step"]) for r in events.read_all(run_dir)
+                  if r["event"] == "progress")
+
+
+def churn(out: str, files: list) -> dict:
+    """The churn run: kills on schedule, then the figures of the module doc."""
+    run_dir = os.path.join(out, "churn", "out")
+    os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+    log = open(os.path.join(out, "churn", "launch.log"), "w")
+    proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", "--num_ps=2",
+                             "--num_workers=2", "--no_isolation", f"--output_dir={run_dir}",
+                             "--max_restarts=1", "--log_every_secs=0.25", "--count_examples",
+                             f"--train_steps={FLAGS.churn_steps}", *_common(files)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    kills, deadline = [], time.monotonic() + FLAGS.timeout_secs
+    try:
+        for at, name in FAULTS:
+            while time.monotonic() < deadline and proc.poll() is None:
+                seen = _progress(run_dir)
+                if seen and seen[-1][1] >= at * FLAGS.churn_steps:
+                    break
+                time.sleep(0.05)
+            step = _progress(run_dir)[-1][1]
+            _task(psutil.Process(proc.pid), name).send_signal(signal.SIGKILL)
+            kills.append({"task": name, "unix_time": time.time(), "global_step": step})
+            print(f"churn: SIGKILL {name} at global step {step}", flush=True)
+        code = proc.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children():
+                child.kill()
+            proc.kill()
+            proc.wait()
+        log.close()
+    if code != 0:
+        raise SystemExit(f"churn run: the launcher exited {code}; see {log.name}")
+    return {"kills": _kill_figures(run_dir, kills), **_rates(run_dir, kills),
+            **_counts(run_dir, files)}
+
+
+def _kill_figures(run_dir: str, kills: list) -> list:
+    """Each kill with its resume_secs and (workers) rescale_secs."""
+    records, progress = events.read_all(run_dir), _progress(run_dir)
+    for kill in kills:
+        since = kill["unix_time"]
+        if kill["task"].startswith("ps"):  # steps resume once the sessions are recovered
+            recovered = [r for r in records if r["event"] == "recovered"
+                         and since < r["unix_time"] < since + 60]
+            since = max([r["unix_time"] for r in recovered] or [since])
+            kill["rolled_back_steps"] = kill["global_step"] - min(
+                [r["restored_step"] or kill["global_step"] for r in recovered]
+                or [kill["global_step"]])
+        after = [t for t, _ in progress if t > since]
+        kill["resume_secs"] = round(after[0] - kill["unix_time"], 2) if after else None
+        if kill["task"].startswith("worker"):
+            started = [r["unix_time"] for r in records if r["task"] == kill["task"]
+                       and r["event"] == "started" and r["unix_time"] > kill["unix_time"]]
+            first = [r["unix_time"] for r in records if r["task"] == kill["task"]
+                     and r["event"] == "progress" and started and r["unix_time"] > started[0]]
+            kill["rescale_secs"] = round(first[0] - started[0], 2) if first else None
+    return kills
+
+
+def _live_worker_secs(records: list, since: float, until: float, kills: list) -> float:
+    """Seconds of live workers in [since, until): from a session to the next kill."""
+    total = 0.0
+    for name in sorted({r["task"] for r in records if r["task"].startswith("worker")}):
+        starts = sorted(r["unix_time"] for r in records if r["task"] == name
+                        and r["event"] in ("session_ready", "recovered"))
+        ends = sorted(k["unix_time"] for k in kills if k["task"] == name) + [until]
+        for start in starts:
+            end = min([e for e in ends if e > start] or [until])
+            total += max(0.0, min(end, until) - max(start, since))
+    return total
+
+
+def _rates(run_dir: str, kills: list) -> dict:
+    """Steady examples/s per worker before the first kill; per live worker after it."""
+    records, progress = events.read_all(run_dir), _progress(run_dir)
+    first_kill = kills[0]["unix_time"]
+    before = [(t, s) for t, s in progress if t < first_kill and s >= 200]
+    after = [(t, s) for t, s in progress if t >= first_kill]
+    steady = ((before[-1][1] - before[0][1]) * FLAGS.batch_size /
+              (before[-1][0] - before[0][0]) / 2)
+    examples = (after[-1][1] - kills[0]["global_step"]) * FLAGS.batch_size
+    per_live = examples / _live_worker_secs(records, first_kill, after[-1][0], kills)
+    return {"steady_per_worker": round(steady, 1), "churn_per_live_worker": round(per_live, 1),
+            "churn_ratio": round(per_live / steady, 3)}
+
+
+def _counts(run_dir: str, files: list) -> dict:
+    """Lost, duplicated and uncommitted, from the final checkpoint (module doc)."""
+    import tensorflow as tf
+    from lowlevel.data import spans
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(run_dir))
+    state = {n: reader.get_tensor(f"{spans.SCOPE}/{n}") for n in (
+        "seen", "offset", "passes", "committed_steps")}
+    train_dir = os.path.dirname(files[0].split("=", 1)[1])
+    counts = spans.count_lines(sorted(os.path.join(train_dir, p) for p in os.listdir(train_dir)
+                                      if p.endswith(".tsv")))
+    expected, start = np.zeros(sum(counts), np.int64), 0
+    for k, n in enumerate(counts):  # each line: its span's passes, +1 before the offset
+        expected[start:start + n] = state["passes"][k]
+        expected[start:start + state["offset"][k]] += 1
+        start += n
+    step = int(reader.get_tensor("global_step"))
+    return {"global_step": step, "passes": [int(state["passes"].min()),
+                                            int(state["passes"].max())],
+            "lost": int(np.sum(np.maximum(expected - state["seen"], 0))),
+            "duplicated": int(np.sum(np.maximum(state["seen"] - expected, 0))),
+            "uncommitted": step - int(state["committed_steps"])}
+
+
+def main(argv) -> None:
+    del argv
+    out = FLAGS.out or tempfile.mkdtemp(prefix="elastic_bench_")
+    files = _data(out)
+    results = {} if FLAGS.skip_steady else {"steady": steady(out, files)}
+    results["churn"] = churn(out, files)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    app.run(main)
