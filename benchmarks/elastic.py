@@ -177,15 +177,19 @@ def _kill_figures(run_dir: str, kills: list) -> list:
 
 
 def _live_worker_secs(records: list, since: float, until: float, kills: list) -> float:
-    """Seconds of live workers in [since, until): from a session to the next kill."""
+    """Seconds of live workers in [since, until): each from a session (`session_ready`, or
+    `recovered` after a lost one) to its next kill, the intervals of a worker merged."""
     total = 0.0
     for name in sorted({r["task"] for r in records if r["task"].startswith("worker")}):
         starts = sorted(r["unix_time"] for r in records if r["task"] == name
                         and r["event"] in ("session_ready", "recovered"))
-        ends = sorted(k["unix_time"] for k in kills if k["task"] == name) + [until]
+        ends = sorted(k["unix_time"] for k in kills if k["task"] == name)
+        live_until = since  # the end of the intervals counted so far
         for start in starts:
             end = min([e for e in ends if e > start] or [until])
-            total += max(0.0, min(end, until) - max(start, since))
+            begin = max(start, since, live_until)
+            total += max(0.0, min(end, until) - begin)
+            live_until = max(live_until, end)
     return total
 
 

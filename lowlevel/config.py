@@ -135,7 +135,7 @@ class TrainConfig:
     data_sharding: str = _field(
         "auto", "criteo_files: how the training files are shared out. queue: a queue on ps 0 "
         "hands each worker its next file when it has read one, and every line's update is "
-        "in the model once per epoch across worker kills, joins and restores "
+        "in the model once per pass of its file across worker kills, joins and restores "
         "(lowlevel/data/spans.py; async exact mode). static: worker i reads every "
         "num_workers-th file (a dead worker's files wait for it). auto: queue where it "
         "applies, else static.", choices=("auto", "queue", "static"))
