@@ -55,7 +55,8 @@ and, per event (fields after the colon):
 - `done`: a training task's loop reached the last step: `local_steps` (int).
 - `span_claimed`: a worker took its next span from the data queue
   (`--data_sharding=queue`, `lowlevel.data.spans`): `span` (int, the file's index),
-  `first_line` (int, 1-based: where it resumes), `epoch` (int), `taken_over` (bool: from
+  `first_line` (int, 1-based: where it resumes), `epoch` (int: the span's passes before
+  this one), `taken_over` (bool: from
   a worker that had not committed a step for `--span_lease_secs`).
 - `stopped`: a ps got the chief's stop signal: `served_secs` (float).
 

@@ -136,7 +136,7 @@ def _make(tmp_path, files=8, rows=16000):
             f"--eval_files={tmp_path / 'test' / '*'}"]
 
 
-def _assert_once_per_epoch(out, train_dir):
+def _assert_once_per_epoch(out, train_dir, passes=1):
     """The final checkpoint's `seen` is each span's passes, plus one on the lines of its
     current pass before its `offset`."""
     reader = tf.train.load_checkpoint(checkpoints.latest(str(out)))
@@ -150,7 +150,7 @@ def _assert_once_per_epoch(out, train_dir):
         start += n
     wrong = np.nonzero(state["seen"] != expected)[0]
     assert not len(wrong), (len(wrong), wrong[:10], state["seen"][wrong[:10]], state)
-    assert state["passes"].min() >= 1 and state["duplicated_batches"] == 0, state
+    assert state["passes"].min() >= passes and state["duplicated_batches"] == 0, state
     return state, int(reader.get_tensor("global_step"))
 
 
@@ -198,6 +198,16 @@ def test_a_checkpoint_without_the_queue_resumes_with_a_fresh_one(tmp_path):
     assert "has no data queue" in text and "resuming with a fresh queue" in text, text[-3000:]
     state, step = _assert_once_per_epoch(out, tmp_path / "train")
     assert step == 300 and state["committed_steps"] == 150, state  # counted since the resume
+    # a new day of logs: one more file; the model resumes, the queue starts afresh
+    result = clusters.run([sys.executable, "-m", "lowlevel.data.make_criteo",
+                           f"--output_dir={tmp_path / 'train'}", "--rows=2000", "--seed=5",
+                           "--prefix=later"], timeout=60)
+    assert result.returncode == 0, result
+    third = clusters.run(launch + ["--train_steps=400", "--count_examples"], timeout=150)
+    text = third.stdout + third.stderr
+    assert third.returncode == 0 and "resuming with a fresh queue" in text, text[-3000:]
+    state, step = _assert_once_per_epoch(out, tmp_path / "train", passes=0)
+    assert step == 400 and len(state["passes"]) == 5 and state["committed_steps"] == 100
 
 
 def _sparse(job: str, index: int, address: str, ps: str) -> str:
@@ -273,3 +283,23 @@ def _wait_for(condition, timeout_secs: float, procs: dict) -> None:
         assert not dead, dead
         time.sleep(0.1)
     pytest.fail(f"not within {timeout_secs} s")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_more_workers_than_files_the_one_left_waiting_ends_with_the_others(tmp_path):
+    """3 workers, 2 files: one worker always finds both held (a worker finishing a file
+    takes its next in the same claim) and waits; when the others take the last step it
+    stops waiting. The lease is longer than the test's timeout: a worker that waited for
+    a span to free would fail it."""
+    files = _make(tmp_path, files=2, rows=4000)
+    out = tmp_path / "out"
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", "--num_ps=1",
+                           "--num_workers=3", "--no_isolation", "--model=wide_deep",
+                           "--dataset=criteo_files", "--batch_size=64", "--train_steps=300",
+                           "--span_lease_secs=1000", f"--output_dir={out}", *files],
+                          timeout=240)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text[-4000:]
+    assert "every span is being read by another worker" in text, text[-4000:]
+    assert clusters.final_metrics(out)["global_step"] == 300

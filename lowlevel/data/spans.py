@@ -54,6 +54,7 @@ twice: counted in `duplicated_batches`.
 from __future__ import annotations
 
 import gzip
+import itertools
 import time
 from typing import Optional, Sequence
 
@@ -109,7 +110,7 @@ class SpanQueue:
             self.seen, self.bases = None, None
             if line_counts is not None:
                 self.seen = var("seen", tf.zeros([sum(line_counts)], tf.int32))
-                starts = [sum(line_counts[:k]) for k in range(num_spans)]
+                starts = [0, *itertools.accumulate(line_counts)][:num_spans]
                 self.bases = tf.constant(starts, tf.int64)
             self._lock = tf.CriticalSection(name="lock", shared_name=f"{SCOPE}_lock")
             self._spans = tf.range(num_spans, dtype=tf.int64)

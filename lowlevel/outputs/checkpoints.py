@@ -200,6 +200,8 @@ def check_compatible(checkpoint_dir: Optional[str], variables, path: Optional[st
               "--model/--hidden_units/--dataset/--optimizer of the run that wrote it")
     wanted = _logical(variables)
     for name, (mine, dtype) in wanted.items():  # shape and dtype first: they say most
+        if _queue_resized(name, shapes, mine):
+            continue  # the training files changed: a fresh data queue (`missing_names`)
         if name in shapes and mine is not None and list(shapes[name]) != mine:
             raise CheckpointMismatch(f"{where}: variable {name} has shape {list(shapes[name])} "
                                      f"there but {mine} in this model: {advice}")
@@ -233,9 +235,22 @@ def _check_dynamic_shards(foreign, names, where: str) -> None:
 
 
 def missing_names(path: str, variables) -> list[str]:
-    """Names (in checkpoints) of `variables` (a list, or a saver's dict) that checkpoint `path` lacks."""
+    """Names (in checkpoints) of `variables` (a list, or a saver's dict) that checkpoint
+    `path` lacks; and every data queue name if it holds the queue of another number of
+    files (`_queue_resized`)."""
     shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    return sorted(name for name in _logical(variables) if name not in shapes)
+    logical = _logical(variables)
+    resized = any(_queue_resized(name, shapes, mine) for name, (mine, _) in logical.items())
+    return sorted(name for name in logical if name not in shapes or (
+        resized and name.startswith(spans.SCOPE + "/")))  # the whole queue afresh
+
+
+def _queue_resized(name: str, shapes: dict, mine) -> bool:
+    """Whether `name` is data queue state (`lowlevel.data.spans`) the checkpoint holds with
+    another shape: the training files (or, with --count_examples, their lines) changed
+    since, and the queue starts afresh instead of failing the restore."""
+    return (name.startswith(spans.SCOPE + "/") and name in shapes and mine is not None
+            and list(shapes[name]) != list(mine))
 
 
 def saved_names(variables, renamed: Optional[dict] = None) -> dict:
@@ -354,9 +369,10 @@ class PartialRestore:
         queue = [n for n in self.missing if n.startswith(spans.SCOPE + "/")]
         if queue:
             logging.warning(
-                "checkpoint %s has no data queue (it was written with --data_sharding=static "
-                "or before the queue existed): resuming with a fresh queue, every span "
-                "unread", os.path.basename(path))
+                "checkpoint %s has no data queue for these training files (written with "
+                "--data_sharding=static, before the queue existed, or with other "
+                "--train_files): resuming with a fresh queue, every span unread",
+                os.path.basename(path))
         optimizer = [n for n in self.missing if n not in queue]
         if optimizer:
             logging.warning(

@@ -164,7 +164,7 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
             except Exception as e:  # noqa: BLE001 - narrowed by `step_refused`
                 if not step_refused(e):
                     raise
-                if not _next_span(sess, g, step, e, stop, watch):
+                if not _next_span(sess, g, step, e, stop, watch, last_step):
                     return  # another worker took the last step
                 continue
             if g.steps.value >= last_step:
@@ -175,16 +175,23 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
 
 
 def _next_span(sess, g: TrainGraph, step: StepRunner, error, stop: threading.Event,
-               watch: Optional[FaultWatch]) -> bool:
+               watch: Optional[FaultWatch], last_step: int) -> bool:
     """After a step failed with `error`: with the data queue, claims the next span if the
     span's file was read or its batch refused (`spans.SpanInput`), and returns whether the
-    loop goes on. `OutOfRangeError` of the last step: False. Any other error: raised."""
+    loop goes on. `OutOfRangeError` of the last step: False. Any other error: raised.
+
+    A worker that waits for a span (more workers than files) stops waiting when the
+    run is stopped or the other workers have taken the last step."""
     span = g.span_input
     if span is not None and (span.ended(error) or span.moved_on(error)):
         if span.moved_on(error):
             logging.info("data queue: batch refused (its span moved on); claiming again")
+
+        def stopping() -> bool:
+            return stop.is_set() or int(step.fast(g.global_step, "claim")) >= last_step
+
         return span.advance(lambda fetch, feed=None: step.fast(fetch, "claim", feed),
-                            live_session(sess), stop.is_set,
+                            live_session(sess), stopping,
                             watch.retries if watch is not None else 0)
     if isinstance(error, tf.errors.OutOfRangeError):
         return False
