@@ -14,6 +14,8 @@
       restarts/<task>.json            each task's starts in this run (`runtime.restarts`,
                                       with --max_restarts)
       placement.json                  where the chief put each variable (with metrics on)
+      line_counts.json                the training files' lines, by path, size and mtime
+                                      (with --count_examples: `data.spans`)
 
 The directory is shared by every task of a cluster (a shared volume on several
 hosts). The chief writes the checkpoints, summaries, final metrics and exports;
@@ -84,6 +86,11 @@ def eval_records(output_dir: str, on_train_data: bool = False) -> str:
 def restarts_file(output_dir: str, task_name: str) -> str:
     """`<output_dir>/restarts/<task_name>.json`: a task's starts in this run."""
     return os.path.join(output_dir, RESTARTS_DIR, f"{task_name}.json")
+
+
+def line_counts_file(output_dir: str) -> str:
+    """The training files' line counts a task made (`lowlevel.data.spans.line_counts`)."""
+    return os.path.join(output_dir, "line_counts.json")
 
 
 def placement_file(output_dir: str) -> str:

@@ -112,6 +112,24 @@ def test_spans_go_by_fewest_passes_and_a_dead_workers_span_is_resumed_or_taken_o
     assert q.state("duplicated")[()] == 2 and q.state("committed")[()] == 7
 
 
+def test_line_counts_are_kept_by_size_and_mtime_and_counted_again_when_a_file_changes(
+        tmp_path):
+    paths = [tmp_path / "a.tsv", tmp_path / "b.tsv"]
+    for path, lines in zip(paths, (3, 5)):
+        path.write_text("x\n" * lines)
+    cache = tmp_path / "line_counts.json"
+    assert spans.line_counts([str(p) for p in paths], str(cache)) == [3, 5]
+    kept = json.loads(cache.read_text())
+    assert [kept[str(p)][2] for p in paths] == [3, 5]
+    kept[str(paths[0])][2] = 99  # the cache is believed while size and mtime match ...
+    cache.write_text(json.dumps(kept))
+    assert spans.line_counts([str(p) for p in paths], str(cache)) == [99, 5]
+    with open(paths[0], "a") as f:  # ... and not once the file changed
+        f.write("x\n")
+    assert spans.line_counts([str(p) for p in paths], str(cache)) == [4, 5]
+    assert spans.line_counts([str(p) for p in paths], None) == [4, 5]
+
+
 def test_the_queue_is_refused_where_it_does_not_apply():
     base = dict(model="wide_deep", dataset="criteo_files", train_files="a", eval_files="b",
                 data_sharding="queue")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Optional
 
 from lowlevel.data import criteo, ctr
 
@@ -63,13 +64,15 @@ class CtrFileSet:
         return it.initializer, {}, it
 
     def span_input(self, batch_size: int, worker: int, device: str, lease_secs: float,
-                   seed: int, count_examples: bool = False):
+                   seed: int, count_examples: bool = False,
+                   line_counts_cache: Optional[str] = None):
         """Worker `worker`'s input from the data queue on `device` (`spans.SpanInput`: span k
-        is training file k). `count_examples` counts the files' lines first (reads them)."""
+        is training file k). `count_examples` counts the files' lines first (reads those
+        not in `line_counts_cache`, `spans.line_counts`)."""
         from lowlevel.data import spans
         files = self.train.files
-        queue = spans.SpanQueue(len(files), device, lease_secs, seed,
-                                spans.count_lines(files) if count_examples else None)
+        counts = spans.line_counts(files, line_counts_cache) if count_examples else None
+        queue = spans.SpanQueue(len(files), device, lease_secs, seed, counts)
         compression = "GZIP" if files[0].endswith(".gz") else ""
         return spans.SpanInput(queue, files, worker, lambda file, skip: criteo.span_batches(
             file, skip, batch_size, self.field_sizes, self.hash_buckets, compression,

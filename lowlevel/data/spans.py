@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import json
+import os
 import time
 from typing import Optional, Sequence
 
@@ -77,6 +79,36 @@ def count_lines(files: Sequence[str]) -> list[int]:
             for block in iter(lambda: f.read(1 << 20), b""):
                 n += block.count(b"\n")
         counts.append(n)
+    return counts
+
+
+def line_counts(files: Sequence[str], cache: Optional[str] = None) -> list[int]:
+    """`count_lines(files)`, read from and written to the JSON file `cache` (a path, or
+    None): a file whose size and mtime match its entry is not read again, so the workers
+    of a job, and a restarted one, count each file once between them at most."""
+    known = {}
+    if cache and os.path.exists(cache):
+        try:
+            with open(cache) as f:
+                known = json.load(f)
+        except (OSError, ValueError):
+            known = {}
+    counts, changed = [], False
+    for path in files:
+        stat = os.stat(path)
+        entry = known.get(path)
+        if not (entry and entry[:2] == [stat.st_size, stat.st_mtime_ns]):
+            entry, changed = [stat.st_size, stat.st_mtime_ns, count_lines([path])[0]], True
+            known[path] = entry
+        counts.append(entry[2])
+    if cache and changed:  # best effort: a task that cannot write it counts again
+        tmp = f"{cache}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(known, f)
+            os.replace(tmp, cache)
+        except OSError as e:
+            logging.warning("data queue: could not keep the line counts in %s: %s", cache, e)
     return counts
 
 

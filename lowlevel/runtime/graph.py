@@ -24,6 +24,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
+from lowlevel import output_layout
 from lowlevel.cluster import probes
 from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
@@ -178,8 +179,10 @@ def _span_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Tas
         return None
     logging.info("data: %d span(s) (files) handed out by the queue on /job:ps/task:0",
                  len(data.train.files))
+    cache = (output_layout.line_counts_file(config.output_dir)
+             if config.output_dir and config.count_examples else None)
     return data.span_input(config.batch_size, task.replica_index, "/job:ps/task:0",
-                           config.span_lease_secs, config.seed, config.count_examples)
+                           config.span_lease_secs, config.seed, config.count_examples, cache)
 
 
 def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed,
