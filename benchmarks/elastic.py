@@ -2,6 +2,7 @@
 
     python -m benchmarks.elastic                      # ~6 min on 2 idle cores
     python -m benchmarks.elastic --repeats=1 --skip_steady
+    python -m benchmarks.elastic --skip_steady --data_dir=/data/criteo --churn_steps=24000
 
 wide_deep on Criteo-layout files with a planted signal (written first, `--rows` lines in
 `--files` files, by `lowlevel.data.criteo`), every task a process on this machine
@@ -62,6 +63,9 @@ flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
 flags.DEFINE_integer("steady_steps", 1500, "Global steps of a steady run.")
 flags.DEFINE_integer("churn_steps", 4000, "Global steps of the churn run.")
 flags.DEFINE_string("out", None, "Directory for the data, runs and results.json.")
+flags.DEFINE_string("data_dir", None, "Use the files already in <data_dir>/train (*.tsv) and "
+                    "<data_dir>/test instead of writing --rows lines (e.g. a file set larger "
+                    "than memory, written once by python -m lowlevel.data.make_criteo).")
 flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")
 
 FAULTS = ((0.25, "worker1"), (0.45, "ps1"), (0.65, "worker0"))
@@ -69,6 +73,9 @@ FAULTS = ((0.25, "worker1"), (0.45, "ps1"), (0.65, "worker0"))
 
 def _data(out: str) -> list:
     from lowlevel.data import criteo
+    if FLAGS.data_dir:
+        return [f"--train_files={os.path.join(FLAGS.data_dir, 'train')}/*.tsv",
+                f"--eval_files={os.path.join(FLAGS.data_dir, 'test')}/*"]
     train = criteo.write_files(os.path.join(out, "data", "train"), FLAGS.rows, FLAGS.files)
     criteo.write_files(os.path.join(out, "data", "test"), 20_000, 1, seed=9)
     return [f"--train_files={os.path.dirname(train[0])}/*.tsv",
@@ -215,8 +222,9 @@ def _counts(run_dir: str, files: list) -> dict:
     state = {n: reader.get_tensor(f"{spans.SCOPE}/{n}") for n in (
         "seen", "offset", "passes", "committed_steps")}
     train_dir = os.path.dirname(files[0].split("=", 1)[1])
-    counts = spans.count_lines(sorted(os.path.join(train_dir, p) for p in os.listdir(train_dir)
-                                      if p.endswith(".tsv")))
+    paths = sorted(os.path.join(train_dir, p) for p in os.listdir(train_dir)
+                   if p.endswith(".tsv"))
+    counts = spans.line_counts(paths, os.path.join(run_dir, "line_counts.json"))
     expected, start = np.zeros(sum(counts), np.int64), 0
     for k, n in enumerate(counts):  # each line: its span's passes, +1 before the offset
         expected[start:start + n] = state["passes"][k]
