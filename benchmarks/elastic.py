@@ -62,6 +62,8 @@ flags.DEFINE_integer("files", 16, "Training files: the queue's spans.")
 flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
 flags.DEFINE_integer("steady_steps", 1500, "Global steps of a steady run.")
 flags.DEFINE_integer("churn_steps", 4000, "Global steps of the churn run.")
+flags.DEFINE_integer("checkpoint_steps", 500, "--save_checkpoint_steps of every run (a ps's "
+                     "kill rolls back to the last checkpoint).")
 flags.DEFINE_string("out", None, "Directory for the data, runs and results.json.")
 flags.DEFINE_string("data_dir", None, "Use the files already in <data_dir>/train (*.tsv) and "
                     "<data_dir>/test instead of writing --rows lines (e.g. a file set larger "
@@ -82,9 +84,16 @@ def _data(out: str) -> list:
             f"--eval_files={os.path.join(out, 'data', 'test')}/*"]
 
 
+def _train_paths(files: list) -> list:
+    """The training files of the flags `files` (`--train_files=<dir>/*.tsv` first)."""
+    train_dir = os.path.dirname(files[0].split("=", 1)[1])
+    return sorted(os.path.join(train_dir, p) for p in os.listdir(train_dir)
+                  if p.endswith(".tsv"))
+
+
 def _common(files: list) -> list:
     return ["--model=wide_deep", "--dataset=criteo_files", f"--batch_size={FLAGS.batch_size}",
-            "--save_checkpoint_steps=500", *files]
+            f"--save_checkpoint_steps={FLAGS.checkpoint_steps}", *files]
 
 
 def steady(out: str, files: list) -> dict:
@@ -126,8 +135,11 @@ def _progress(run_dir: str) -> list:
 
 def churn(out: str, files: list) -> dict:
     """The churn run: kills on schedule, then the figures of the module doc."""
+    from lowlevel.data import spans
     run_dir = os.path.join(out, "churn", "out")
-    os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+    os.makedirs(run_dir, exist_ok=True)
+    # the files' lines counted before the clock starts (`--count_examples` reads them)
+    spans.line_counts(_train_paths(files), os.path.join(run_dir, "line_counts.json"))
     log = open(os.path.join(out, "churn", "launch.log"), "w")
     proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", "--num_ps=2",
                              "--num_workers=2", "--no_isolation", f"--output_dir={run_dir}",
@@ -221,10 +233,7 @@ def _counts(run_dir: str, files: list) -> dict:
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(run_dir))
     state = {n: reader.get_tensor(f"{spans.SCOPE}/{n}") for n in (
         "seen", "offset", "passes", "committed_steps")}
-    train_dir = os.path.dirname(files[0].split("=", 1)[1])
-    paths = sorted(os.path.join(train_dir, p) for p in os.listdir(train_dir)
-                   if p.endswith(".tsv"))
-    counts = spans.line_counts(paths, os.path.join(run_dir, "line_counts.json"))
+    counts = spans.line_counts(_train_paths(files), os.path.join(run_dir, "line_counts.json"))
     expected, start = np.zeros(sum(counts), np.int64), 0
     for k, n in enumerate(counts):  # each line: its span's passes, +1 before the offset
         expected[start:start + n] = state["passes"][k]

@@ -27,8 +27,9 @@ The protocol, per worker (`SpanInput`, driven by the training loop):
    not committed a step for `--span_lease_secs` (taken over), the one with the fewest
    passes; among equals in an order shuffled per pass. The worker reads the file from
    `offset` on. No worker waits at an epoch's end: the next pass of a span may begin
-   while another span's pass is in flight, so passes differ by at most one while no
-   span is held by a worker past its lease. A worker that finds every span held (more
+   while another span's pass is in flight. Passes stay close (the fewest go first) but
+   not in lockstep: a span held by a slow worker, or waiting for its dead worker's
+   restart or lease, falls behind while the others go on. A worker that finds every span held (more
    workers than files) polls every 0.5 s, until the last step is taken.
 2. Each step's batch is one span's consecutive lines [first, first + n). Before the step
    reserves its number (`exact.counted_update`), a check on ps 0 requires that the worker
