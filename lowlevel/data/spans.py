@@ -50,7 +50,10 @@ its step and before the commit leaves that part of the update in, and its lines 
 again: `global_step - committed_steps` (for steps trained from the queue) bounds those
 steps. Two workers that both passed the check for the same lines (one frozen past its
 lease between its check and its commit, the other taking the span over) apply them
-twice: counted in `duplicated_batches`.
+twice: counted in `duplicated_batches`. A checkpoint is written while the other
+workers train (each variable read at its own moment, a large `seen` in slices), so the
+steps committed during a save may be in the saved model, offsets and counts
+differently: a restore from it can apply their lines again (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
