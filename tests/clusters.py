@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,13 @@ from lowlevel import events, output_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound, read, released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def trainer_argv(ps_hosts, worker_hosts, job_name, task_index, *flags):

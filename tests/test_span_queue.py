@@ -7,7 +7,6 @@ in the checkpoint, `--count_examples`); a checkpoint without the queue resumes w
 fresh one and says so; where the queue does not apply, one line."""
 
 import json
-import socket
 import sys
 import time
 
@@ -24,19 +23,12 @@ from lowlevel.outputs import checkpoints
 v1 = tf.compat.v1
 
 
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 class _Queue:
     """A queue of `num_spans` on a real ps server; its ops run as any worker through feeds."""
 
     def __init__(self, num_spans: int, lease_secs: float):
-        ps, worker = f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"
+        ps, worker = f"127.0.0.1:{clusters.free_port()}", f"127.0.0.1:{clusters.free_port()}"
         spec = v1.train.ClusterSpec({"ps": [ps], "worker": [worker]})
         self._servers = [v1.train.Server(spec, "ps", 0, start=True),
                          v1.train.Server(spec, "worker", 0, start=True)]
@@ -248,14 +240,14 @@ def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_on
     lease and reads from where the model is."""
     files = _make(tmp_path)
     out = tmp_path / "out"
-    ps = f"127.0.0.1:{_port()}"
+    ps = f"127.0.0.1:{clusters.free_port()}"
     flags = ["--model=wide_deep", "--dataset=criteo_files", "--batch_size=64",
              "--train_steps=1500", "--count_examples", "--span_lease_secs=3",
              f"--output_dir={out}", *files]
     procs = {}
 
     def start(job, index):
-        address = f"127.0.0.1:{_port()}" if job == "worker" else ps
+        address = f"127.0.0.1:{clusters.free_port()}" if job == "worker" else ps
         procs[f"{job}{index}"] = clusters.start(
             [sys.executable, "-m", "lowlevel.trainer", *flags], tmp_path / f"{job}{index}.log",
             env={"TF_CONFIG": _sparse(job, index, address, ps)})

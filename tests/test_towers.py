@@ -7,7 +7,6 @@ for real GPUs, checked as placement strings; and across a launcher's cluster (as
 sync), the run ends at the exact step and its checkpoints resume with one tower."""
 
 import json
-import socket
 import sys
 
 import numpy as np
@@ -31,18 +30,11 @@ from lowlevel.runtime import server as server_lib
 v1 = tf.compat.v1
 
 
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 def _servers(towers: int):
     """(cluster, worker task, worker server, its session config): a real ps and worker
     server in this process, the worker with `towers` CPU devices."""
-    ps, worker = f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"
+    ps, worker = f"127.0.0.1:{clusters.free_port()}", f"127.0.0.1:{clusters.free_port()}"
     cluster, task = from_flags(ClusterFlags(ps, worker, "worker", 0))
     spec = v1.train.ClusterSpec(cluster.as_dict())
     v1.train.Server(spec, "ps", 0, config=server_lib.session_config(
