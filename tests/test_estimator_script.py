@@ -74,12 +74,26 @@ STEADY = re.compile(r"INFO:tensorflow:(Running training and evaluation locally|S
 
 
 def _assert_same_log(ours: list, theirs: list) -> None:
-    """The same lines, their decimal numbers equal to float32 rounding (see above)."""
+    """The same lines, their decimal numbers equal to float32 rounding (see above).
+
+    The step of a "loss = #, step = N" line may be one past 2.15's: the logging hook reads
+    global_step in the same run as the train op that increments it, unordered, in 2.15 as here
+    (estimator.py's `LoggingTensorHook({'loss': loss, 'step': global_step_tensor})`); a clean run
+    of 2026-11-28 logged step = 201 where the fixture has 200."""
     number = re.compile(r"\d+\.\d+")
-    assert [number.sub("#", line) for line in ours] == [number.sub("#", line) for line in theirs]
+    assert [_step_race(number.sub("#", line)) for line in ours] == \
+        [_step_race(number.sub("#", line)) for line in theirs]
+    for a, b in zip(ours, theirs):
+        step = re.compile(r"step = (\d+)$")
+        if step.search(a):
+            assert int(step.search(a).group(1)) - int(step.search(b).group(1)) in (0, 1), (a, b)
     for a, b in zip(ours, theirs):
         assert [float(x) for x in number.findall(a)] == \
             pytest.approx([float(x) for x in number.findall(b)], rel=1e-6, abs=0), (a, b)
+
+
+def _step_race(line: str) -> str:
+    return re.sub(r"(loss = #, step = )\d+$", r"\1N", line)
 
 
 def _steady_log(text):
