@@ -3,10 +3,14 @@
     python -m benchmarks.elastic                      # ~6 min on 2 idle cores
     python -m benchmarks.elastic --repeats=1 --skip_steady
     python -m benchmarks.elastic --skip_steady --data_dir=/data/criteo --churn_steps=24000
+    python -m benchmarks.elastic --sync               # the same in sync training
 
 wide_deep on Criteo-layout files with a planted signal (written first, `--rows` lines in
 `--files` files, by `lowlevel.data.criteo`), every task a process on this machine
-(`python -m lowlevel.launch --no_isolation`), async exact mode, `--batch_size`.
+(`python -m lowlevel.launch --no_isolation`), async exact mode, `--batch_size`; with
+`--sync`, sync: static is `SyncReplicasOptimizer`, the queue `lowlevel.modes.elastic_sync`
+(its steps aggregate the live workers), and a global step is ~2 workers' batches (the
+churn run's examples per step: the final `sync_queue/aggregated` / global_step).
 
 steady  `--data_sharding=static` against `--data_sharding=queue`, 1 ps + 2 workers,
         alternating, `--repeats` rounds: examples/s after warm-up (`benchmarks._runners`)
@@ -56,6 +60,7 @@ from lowlevel import events
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("repeats", 2, "Steady rounds (each runs both sides).")
+flags.DEFINE_bool("sync", False, "Sync training (every run): see the module doc.")
 flags.DEFINE_bool("skip_steady", False, "Run the churn run only.")
 flags.DEFINE_integer("rows", 400_000, "Training lines written (and 20,000 test lines).")
 flags.DEFINE_integer("files", 16, "Training files: the queue's spans.")
@@ -93,7 +98,8 @@ def _train_paths(files: list) -> list:
 
 def _common(files: list) -> list:
     return ["--model=wide_deep", "--dataset=criteo_files", f"--batch_size={FLAGS.batch_size}",
-            f"--save_checkpoint_steps={FLAGS.checkpoint_steps}", *files]
+            f"--save_checkpoint_steps={FLAGS.checkpoint_steps}", *files,
+            *(["--sync"] if FLAGS.sync else [])]
 
 
 def steady(out: str, files: list) -> dict:
@@ -168,8 +174,9 @@ def churn(out: str, files: list) -> dict:
         log.close()
     if code != 0:
         raise SystemExit(f"churn run: the launcher exited {code}; see {log.name}")
-    return {"kills": _kill_figures(run_dir, kills), **_rates(run_dir, kills),
-            **_counts(run_dir, files)}
+    counts = _counts(run_dir, files)
+    return {"kills": _kill_figures(run_dir, kills),
+            **_rates(run_dir, kills, counts.get("batches_per_step", 1.0)), **counts}
 
 
 def _kill_figures(run_dir: str, kills: list) -> list:
@@ -212,15 +219,16 @@ def _live_worker_secs(records: list, since: float, until: float, kills: list) ->
     return total
 
 
-def _rates(run_dir: str, kills: list) -> dict:
-    """Steady examples/s per worker before the first kill; per live worker after it."""
+def _rates(run_dir: str, kills: list, per_step: float = 1.0) -> dict:
+    """Steady examples/s per worker before the first kill; per live worker after it.
+    `per_step`: worker batches a global step applies (async 1; sync: `_counts`')."""
     records, progress = events.read_all(run_dir), _progress(run_dir)
     first_kill = kills[0]["unix_time"]
     before = [(t, s) for t, s in progress if t < first_kill and s >= 200]
     after = [(t, s) for t, s in progress if t >= first_kill]
-    steady = ((before[-1][1] - before[0][1]) * FLAGS.batch_size /
-              (before[-1][0] - before[0][0]) / 2)
-    examples = (after[-1][1] - kills[0]["global_step"]) * FLAGS.batch_size
+    batch = FLAGS.batch_size * per_step
+    steady = (before[-1][1] - before[0][1]) * batch / (before[-1][0] - before[0][0]) / 2
+    examples = (after[-1][1] - kills[0]["global_step"]) * batch
     per_live = examples / _live_worker_secs(records, first_kill, after[-1][0], kills)
     return {"steady_per_worker": round(steady, 1), "churn_per_live_worker": round(per_live, 1),
             "churn_ratio": round(per_live / steady, 3)}
@@ -240,7 +248,9 @@ def _counts(run_dir: str, files: list) -> dict:
         expected[start:start + state["offset"][k]] += 1
         start += n
     step = int(reader.get_tensor("global_step"))
-    return {"global_step": step, "passes": [int(state["passes"].min()),
+    sync = {"batches_per_step": round(int(reader.get_tensor("sync_queue/aggregated")) / step,
+                                      3)} if FLAGS.sync else {}
+    return {"global_step": step, **sync, "passes": [int(state["passes"].min()),
                                             int(state["passes"].max())],
             "lost": int(np.sum(np.maximum(expected - state["seen"], 0))),
             "duplicated": int(np.sum(np.maximum(state["seen"] - expected, 0))),

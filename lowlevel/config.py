@@ -136,7 +136,7 @@ class TrainConfig:
         "auto", "criteo_files: how the training files are shared out. queue: a queue on ps 0 "
         "hands each worker its next file when it has read one, and every line's update is "
         "in the model once per pass of its file across worker kills, joins and restores "
-        "(lowlevel/data/spans.py; async exact mode). static: worker i reads every "
+        "(lowlevel/data/spans.py; exact mode, async or --sync). static: worker i reads every "
         "num_workers-th file (a dead worker's files wait for it). auto: queue where it "
         "applies, else static.", choices=("auto", "queue", "static"))
     span_lease_secs: float = _seconds(
@@ -203,7 +203,20 @@ class TrainConfig:
                         "asynchronous; each worker applies its own updates).")
     replicas_to_aggregate: Optional[int] = _field(
         None, "Sync mode: gradients averaged per step; fewer than the number of workers "
-        "leaves backup workers. Default: the number of workers.", minimum=1)
+        "leaves backup workers. Default: the number of workers. With the data queue: the "
+        "most a step aggregates (default: the declared workers; none on a sparseCluster).",
+        minimum=1)
+    min_replicas: int = _field(
+        1, "Sync mode with the data queue (lowlevel/modes/elastic_sync.py): the fewest "
+        "gradients a step aggregates. A step aggregates the live workers' (a heartbeat "
+        "within --sync_live_secs), between this and --replicas_to_aggregate: a worker that "
+        "leaves or dies does not stall the steps, and one that joins counts from its first "
+        "heartbeat.", minimum=1)
+    sync_live_secs: float = _seconds(
+        10.0, "Sync mode with the data queue: a worker whose heartbeat (every second, and "
+        "every push) is older than this has left, and the steps stop waiting for it. 10 s: "
+        "ten missed heartbeats; a worker's first step after a restart (graph building, "
+        "~5-8 s here) is not one.")
     seed: int = _field(0, "Seed for initialisation and shuffling.")
     # Output.
     output_dir: Optional[str] = _field(
@@ -399,19 +412,22 @@ class TrainConfig:
         if self.data_sharding != "queue":
             return
         why = ("it reads --dataset=criteo_files" if self.dataset != "criteo_files" else
-               "not yet with --sync (async training only)" if self.sync else
                "not with --communication_period > 1" if self.communication_period > 1 else
-               "not with --towers > 1" if self.towers > 1 else None)
+               "not with --towers > 1" if self.towers > 1 else
+               "with --sync, not with --embedding=dynamic" if self.sync and
+               self.embedding == "dynamic" else None)
         if why:
             raise UsageError(f"--data_sharding=queue: {why}; use --data_sharding=static")
 
     def span_queue(self, on_cluster: bool, sync: bool) -> bool:
         """Whether training reads from the data queue (`lowlevel.data.spans`): asked for, or
-        `auto` with criteo_files in async exact-mode training on a cluster with one tower."""
+        `auto` with criteo_files in exact-mode training on a cluster with one tower (sync:
+        with static embedding tables)."""
         if self.data_sharding == "static" or self.dataset != "criteo_files" or not on_cluster:
             return False
         return self.data_sharding == "queue" or not (
-            sync or self.communication_period > 1 or self.towers > 1)
+            (sync and self.embedding == "dynamic") or self.communication_period > 1 or
+            self.towers > 1)
 
 
 def _check(f: dataclasses.Field, value) -> None:

@@ -59,10 +59,12 @@ def _config_for(cluster, task: Task, schedule: str) -> TrainConfig:
     """
     evaluating = task.job_name == EVALUATOR
     config = cli.config_from_flags(cluster.num_workers if cluster else None if evaluating else 1)
-    if cluster and cluster.sparse and config.sync and not evaluating:
+    if cluster and cluster.sparse and config.sync and not evaluating and \
+            not config.span_queue(True, True):  # the data queue's sync needs no addresses
         raise UsageError("--sync needs every worker's address, and TF_CONFIG has a "
                          "sparseCluster (the training operator's enableDynamicWorker gives a "
-                         "worker only its own): train async, or turn enableDynamicWorker off")
+                         "worker only its own): train async, read --dataset=criteo_files from the "
+                         "data queue, or turn enableDynamicWorker off")
     if evaluating and not config.output_dir:
         raise UsageError(f"--schedule={schedule} needs --output_dir: the directory the chief "
                          "writes its checkpoints to")

@@ -125,15 +125,19 @@ def test_line_counts_are_kept_by_size_and_mtime_and_counted_again_when_a_file_ch
 def test_the_queue_is_refused_where_it_does_not_apply():
     base = dict(model="wide_deep", dataset="criteo_files", train_files="a", eval_files="b",
                 data_sharding="queue")
-    for extra, says in (({"sync": True}, "--sync"), ({"communication_period": 4},
-                        "--communication_period"), ({"towers": 2}, "--towers")):
+    for extra, says in (({"sync": True, "embedding": "dynamic"}, "--embedding=dynamic"),
+                        ({"communication_period": 4}, "--communication_period"),
+                        ({"towers": 2}, "--towers")):
         with pytest.raises(errors.UsageError, match=says):
             TrainConfig(**base, **extra).validate(2)
     with pytest.raises(errors.UsageError, match="criteo_files"):
         TrainConfig(model="wide_deep", dataset="synthetic_ctr", data_sharding="queue").validate()
+    TrainConfig(**base, sync=True).validate(2)
     config = TrainConfig(**{**base, "data_sharding": "auto"})
-    assert config.span_queue(True, False) and not config.span_queue(True, True)
+    assert config.span_queue(True, False) and config.span_queue(True, True)
     assert not config.span_queue(False, False)
+    dynamic = TrainConfig(**{**base, "data_sharding": "auto", "embedding": "dynamic"})
+    assert dynamic.span_queue(True, False) and not dynamic.span_queue(True, True)
 
 
 def _make(tmp_path, files=8, rows=16000):
@@ -146,10 +150,10 @@ def _make(tmp_path, files=8, rows=16000):
             f"--eval_files={tmp_path / 'test' / '*'}"]
 
 
-def _assert_once_per_epoch(out, train_dir, passes=1):
-    """The final checkpoint's `seen` is each span's passes, plus one on the lines of its
-    current pass before its `offset`."""
-    reader = tf.train.load_checkpoint(checkpoints.latest(str(out)))
+def _assert_once_per_epoch(out, train_dir, passes=1, path=None):
+    """The final checkpoint's (or `path`'s) `seen` is each span's passes, plus one on the
+    lines of its current pass before its `offset`."""
+    reader = tf.train.load_checkpoint(path or checkpoints.latest(str(out)))
     state = {n: reader.get_tensor(f"{spans.SCOPE}/{n}") for n in (
         "seen", "owner", "offset", "passes", "committed_steps", "duplicated_batches")}
     counts = spans.count_lines(sorted(str(p) for p in train_dir.glob("*.tsv")))
@@ -166,13 +170,16 @@ def _assert_once_per_epoch(out, train_dir, passes=1):
 
 @pytest.mark.cluster
 @pytest.mark.timeout(420)
-def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill(tmp_path):
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill(tmp_path,
+                                                                                  sync):
     from test_recovery import TRAIN_STEPS, Launch
     import signal
     files = _make(tmp_path)
     out = tmp_path / "run"
     launch = Launch(out, "--num_ps=1", "--num_workers=2", "--no_isolation", "--model=wide_deep",
-                    "--dataset=criteo_files", "--batch_size=64", "--count_examples", *files)
+                    "--dataset=criteo_files", "--batch_size=64", "--count_examples", *files,
+                    *(["--sync"] if sync else []))
     try:
         launch.wait_for_step(600, 150)
         launch.task("worker1").send_signal(signal.SIGKILL)
@@ -187,9 +194,21 @@ def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill
         assert f"launch: {task} was killed by SIGKILL; restarting it" in text, text[-3000:]
     state, step = _assert_once_per_epoch(out, tmp_path / "train")
     assert step == TRAIN_STEPS
-    # every step was trained from the queue; one a worker died in may not have committed
-    assert TRAIN_STEPS - 2 <= state["committed_steps"] <= TRAIN_STEPS, state
     assert "data queue: span" in text and not clusters.leftovers(out)
+    if not sync:  # every step was trained from the queue; one a worker died in may not
+        assert TRAIN_STEPS - 2 <= state["committed_steps"] <= TRAIN_STEPS, state  # commit
+        return
+    # sync: each step's update and commit are one; the steps after the restore are in the
+    # model, and most aggregated both workers (alone: before the other started, and
+    # while a dead worker's heartbeat was within --sync_live_secs, or it restarted)
+    reader = tf.train.load_checkpoint(checkpoints.latest(str(out)))
+    assert state["committed_steps"] == TRAIN_STEPS, state
+    # and every checkpoint is a consistent cut (no step completed while it was written)
+    for path in tf.train.get_checkpoint_state(str(out)).all_model_checkpoint_paths:
+        state, step = _assert_once_per_epoch(out, tmp_path / "train", 0, path)
+        assert state["committed_steps"] == step, (path, state)
+    aggregated = int(reader.get_tensor("sync_queue/aggregated"))
+    assert 1.5 * TRAIN_STEPS <= aggregated <= 2 * TRAIN_STEPS, aggregated
 
 
 @pytest.mark.cluster
@@ -234,16 +253,20 @@ def _claims(out, task) -> list:
 
 @pytest.mark.cluster
 @pytest.mark.timeout(360)
-def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_once(tmp_path):
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_once(tmp_path,
+                                                                                   sync):
     """sparseCluster workers (no worker list): worker2 joins mid-run; worker1 is SIGKILLed
     for good right after it claimed a span, which another worker takes over after the
-    lease and reads from where the model is."""
+    lease and reads from where the model is. Sync: the steps aggregate the live workers
+    (3, then 2 once worker1's heartbeat is older than the default --sync_live_secs)."""
     files = _make(tmp_path)
     out = tmp_path / "out"
     ps = f"127.0.0.1:{clusters.free_port()}"
     flags = ["--model=wide_deep", "--dataset=criteo_files", "--batch_size=64",
              "--train_steps=1500", "--count_examples", "--span_lease_secs=3",
-             f"--output_dir={out}", *files]
+             "--log_every_secs=1", f"--output_dir={out}", *files,
+             *(["--sync"] if sync else [])]
     procs = {}
 
     def start(job, index):
@@ -261,8 +284,12 @@ def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_on
         held = len(_claims(out, "worker1"))
         _wait_for(lambda: len(_claims(out, "worker1")) > held, 60, procs)
         procs["worker1"].kill()  # leaves, right after it claimed a span
-        left, killed = _claims(out, "worker1")[-1], time.time()
-        statuses = clusters.wait_all({n: p for n, p in procs.items() if n != "worker1"}, 240)
+        left, killed, at_kill = _claims(out, "worker1")[-1], time.time(), _step(out)
+        # no step waits for it longer than its heartbeat's limit (sync), with room for
+        # the step in flight and the progress line's interval
+        others = {n: p for n, p in procs.items() if n != "worker1"}
+        _wait_for(lambda: _step(out) > at_kill + 10, 25, others)
+        statuses = clusters.wait_all(others, 240)
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -276,6 +303,10 @@ def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_on
              and r["unix_time"] > killed]
     assert taken and taken[0]["taken_over"], (left, taken)
     assert len(_claims(out, "worker2")) >= 2
+    if sync:  # 2 or 3 live workers a step (alone only at the start)
+        aggregated = tf.train.load_checkpoint(checkpoints.latest(str(out))).get_tensor(
+            "sync_queue/aggregated")
+        assert 1.8 * step <= aggregated <= 3 * step, aggregated
 
 
 def _step(out) -> int:

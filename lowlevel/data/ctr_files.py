@@ -65,14 +65,15 @@ class CtrFileSet:
 
     def span_input(self, batch_size: int, worker: int, device: str, lease_secs: float,
                    seed: int, count_examples: bool = False,
-                   line_counts_cache: Optional[str] = None):
+                   line_counts_cache: Optional[str] = None, sync: bool = False):
         """Worker `worker`'s input from the data queue on `device` (`spans.SpanInput`: span k
         is training file k). `count_examples` counts the files' lines first (reads those
-        not in `line_counts_cache`, `spans.line_counts`)."""
+        not in `line_counts_cache`, `spans.line_counts`). `sync`: the queue of sync training
+        (`spans.SpanQueue`)."""
         from lowlevel.data import spans
         files = self.train.files
         counts = spans.line_counts(files, line_counts_cache) if count_examples else None
-        queue = spans.SpanQueue(len(files), device, lease_secs, seed, counts)
+        queue = spans.SpanQueue(len(files), device, lease_secs, seed, counts, sync)
         compression = "GZIP" if files[0].endswith(".gz") else ""
         return spans.SpanInput(queue, files, worker, lambda file, skip: criteo.span_batches(
             file, skip, batch_size, self.field_sizes, self.hash_buckets, compression,

@@ -1,6 +1,7 @@
 """Work handed out by span: a queue of the training files held on the first ps task.
 
-`--data_sharding=queue` (`--dataset=criteo_files`, async exact mode). The training files
+`--data_sharding=queue` (`--dataset=criteo_files`, exact mode; in sync training the
+steps 2-3 below are `lowlevel.modes.elastic_sync`'s instead). The training files
 are the spans (span k is file k of `--train_files`, sorted). Instead of reading a fixed
 share, each worker takes its next span from the queue when it has read the last one, so
 a worker that dies, joins or leaves changes who reads what, not what is read. The
@@ -127,10 +128,12 @@ class SpanQueue:
       seed: the per-pass order's seed (`--seed`).
       line_counts: with `--count_examples`, each file's lines (`count_lines`): `seen` is
         built, one int32 per line.
+      sync: for sync training (`lowlevel.modes.elastic_sync`): `pending` [S], the lines of
+        each span accepted for the step under way (not saved; a claim resumes after them).
     """
 
     def __init__(self, num_spans: int, device: str, lease_secs: float, seed: int,
-                 line_counts: Optional[Sequence[int]] = None):
+                 line_counts: Optional[Sequence[int]] = None, sync: bool = False):
         import tensorflow as tf
         v1 = tf.compat.v1
         self.num_spans, self.device, self._lease, self._seed = num_spans, device, lease_secs, seed
@@ -149,7 +152,12 @@ class SpanQueue:
                 self.seen = var("seen", tf.zeros([sum(line_counts)], tf.int32))
                 starts = [0, *itertools.accumulate(line_counts)][:num_spans]
                 self.bases = tf.constant(starts, tf.int64)
-            self._lock = tf.CriticalSection(name="lock", shared_name=f"{SCOPE}_lock")
+            self.pending = None
+            if sync:
+                self.pending = v1.get_variable(
+                    "pending", initializer=tf.zeros([num_spans], tf.int64), trainable=False,
+                    collections=[], use_resource=True)
+            self.lock = tf.CriticalSection(name="lock", shared_name=f"{SCOPE}_lock")
             self._spans = tf.range(num_spans, dtype=tf.int64)
 
     def claim(self, worker, finished, finished_lines):
@@ -163,7 +171,7 @@ class SpanQueue:
         """
         import tensorflow as tf
         with tf.compat.v1.device(self.device):
-            return self._lock.execute(lambda: self._claim(worker, finished, finished_lines),
+            return self.lock.execute(lambda: self._claim(worker, finished, finished_lines),
                                       name="claim")
 
     def _claim(self, worker, finished, finished_lines):
@@ -195,11 +203,13 @@ class SpanQueue:
             writes = [
                 self.owner.assign(tf.where(tf.logical_and(tf.equal(self._spans, chosen), ok),
                                            worker, owner)),
-                self.offset.scatter_add(_at(f, -read[f] * done_64)),  # to 0 if done
-                self.passes.scatter_add(_at(f, done_64)),
-                self.lease.scatter_update(_at(chosen, tf.where(ok, now, lease[chosen])))]
+                self.offset.scatter_add(at(f, -read[f] * done_64)),  # to 0 if done
+                self.passes.scatter_add(at(f, done_64)),
+                self.lease.scatter_update(at(chosen, tf.where(ok, now, lease[chosen])))]
         with tf.control_dependencies(writes):
-            return tf.stack([tf.where(ok, chosen, -1), tf.where(ok, offset[chosen], 0),
+            # sync: a span resumes after the lines accepted for the step under way
+            resume = offset if self.pending is None else offset + self.pending.read_value()
+            return tf.stack([tf.where(ok, chosen, -1), tf.where(ok, resume[chosen], 0),
                              passes[chosen], tf.cast(tf.logical_and(ok, expired[chosen]),
                                                      tf.int64)])
 
@@ -247,7 +257,7 @@ class SpanQueue:
                 return tf.identity(ok)
 
 
-def _at(index, value):
+def at(index, value):
     """`tf.IndexedSlices` of one scalar `value` at scalar `index` (for a variable's scatter)."""
     import tensorflow as tf
     return tf.IndexedSlices(tf.reshape(value, [1]), tf.reshape(index, [1]))
@@ -297,12 +307,18 @@ class SpanInput:
         self._where = tf.stack([self._span_var.read_value(), first, n])  # one transfer
         return batch
 
-    def guard(self):
-        """Op: the check before the step reserves its number, and this worker's count of the
-        span's lines read (the claim's `finished_lines`)."""
+    def marked(self):
+        """int64 [3]: the batch's (span, first line, lines), after this worker's count of the
+        span's lines read (the claim's `finished_lines`) is updated."""
         import tensorflow as tf
         with tf.control_dependencies([self._read.assign(self._where[1] + self._where[2])]):
             self._where = tf.identity(self._where)  # the commit's too: sent once
+        return self._where
+
+    def guard(self):
+        """Op: the check before the step reserves its number (after `marked`)."""
+        import tensorflow as tf
+        self.marked()
         with tf.compat.v1.device(self.queue.device):
             return self.queue.check(tf.constant(self.worker), self._where)
 

@@ -283,13 +283,16 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
 
 
 class StateSaver(v1.train.Saver):
-    """A `Saver` that first runs `before_save` (e.g. copying worker-local state to the ps).
+    """A `Saver` that first runs `before_save` (e.g. copying worker-local state to the ps),
+    and `after_save` once the save ended, written or not.
 
     Sharded saves write large variables a slice at a time, without a full-size
     copy (`chunked_save.ChunkedSaverBuilder`, unless `builder` is given).
 
     The communication-reduced mode keeps its optimizer slots on each worker;
-    `before_save` copies the chief's to the variables this saver writes.
+    `before_save` copies the chief's to the variables this saver writes. Sync training
+    from the data queue pauses its steps' completion around a save (a consistent cut:
+    `lowlevel.modes.elastic_sync`).
 
     `timeout_secs` (or `save(..., timeout_secs=T)`) gives each run of a save
     and of a restore a deadline of that many seconds instead of the session's
@@ -299,10 +302,10 @@ class StateSaver(v1.train.Saver):
     """
 
     def __init__(self, var_list, before_save=None, timeout_secs: Optional[float] = None,
-                 **kwargs):
+                 after_save=None, **kwargs):
         kwargs.setdefault("builder", chunked_save.ChunkedSaverBuilder())
         super().__init__(var_list, **kwargs)
-        self._before_save = before_save
+        self._before_save, self._after_save = before_save, after_save
         self.timeout_secs = timeout_secs
 
     def save(self, sess, *args, timeout_secs: Optional[float] = None, **kwargs):
@@ -311,7 +314,11 @@ class StateSaver(v1.train.Saver):
             sess = _WithDeadline(sess, timeout_secs)
         if self._before_save is not None:
             sess.run(self._before_save)
-        return super().save(sess, *args, **kwargs)
+        try:
+            return super().save(sess, *args, **kwargs)
+        finally:
+            if self._after_save is not None:
+                sess.run(self._after_save)
 
     def restore(self, sess, save_path):
         if self.timeout_secs is not None:
@@ -373,7 +380,9 @@ class PartialRestore:
                 "--data_sharding=static, before the queue existed, or with other "
                 "--train_files): resuming with a fresh queue, every span unread",
                 os.path.basename(path))
-        optimizer = [n for n in self.missing if n not in queue]
+        # the sync step state (`elastic_sync`): nothing to restore, it starts afresh anyway
+        optimizer = [n for n in self.missing if n not in queue and
+                     not n.startswith("sync_queue/")]
         if optimizer:
             logging.warning(
                 "checkpoint %s holds no optimizer state for %d variable(s) (%s): restoring "

@@ -32,7 +32,7 @@ from lowlevel.errors import UsageError
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
 from lowlevel.models.optimizers import make_optimizer
-from lowlevel.modes import exact, fused_transfer, local_sgd, ps_products
+from lowlevel.modes import elastic_sync, exact, fused_transfer, local_sgd, ps_products
 from lowlevel.modes import towers as towers_lib
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import evaluation, hooks, placement, shutdown, start
@@ -67,16 +67,19 @@ class Mode:
 
     num_workers: int
     replicas: int  # replicas_to_aggregate in effect
-    sync: bool  # SyncReplicasOptimizer (exact) or model averaging (local)
+    sync: bool  # SyncReplicasOptimizer (exact), the data queue's sync, or model averaging
     local: bool  # communication-reduced
+    declared: Optional[int] = 1  # the cluster's workers; None on a sparseCluster
 
     @classmethod
     def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "Mode":
-        # A sparseCluster (dynamic workers) does not say how many: async, one replica here.
+        # A sparseCluster (dynamic workers) does not say how many: one replica here (sync
+        # only from the data queue, which counts the live workers).
         num_workers = (cluster.num_workers or 1) if cluster else 1
         return cls(num_workers, config.replicas_to_aggregate or num_workers,
                    bool(config.sync and cluster),
-                   bool(cluster and config.communication_period > 1))
+                   bool(cluster and config.communication_period > 1),
+                   cluster.num_workers if cluster else 1)
 
 
 @dataclasses.dataclass
@@ -88,6 +91,7 @@ class Step:
     train_op: Optional[tf.Tensor] = None
     local_ops: Optional[local_sgd.LocalSGDOps] = None
     sync_optimizer: Optional[v1.train.SyncReplicasOptimizer] = None
+    elastic: Optional[elastic_sync.ElasticSync] = None  # sync from the data queue
 
 
 def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
@@ -132,8 +136,16 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                     evaluation.build(data, data.test, model_fn), skip=preempted)
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
+        around_save = (None, None)
+        if step.elastic is not None:  # its step state: set up at local init, reset by a
+            # restore; its steps' completion paused while a checkpoint is written
+            iter_init = tf.group(iter_init, step.elastic.local_init())
+            v1.add_to_collection(checkpoints.EXTRA_SAVEABLES,
+                                 elastic_sync.StepStateReset(step.elastic))
+            around_save = step.elastic.pause(hooks.save_timeout_secs(
+                config.step_timeout_secs, _variable_bytes(v1.global_variables())))
         scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
-                                                     iter_init, feed)
+                                                     iter_init, feed, around_save=around_save)
         examples_per_step = (config.batch_size * len(devices) *
                              (mode.replicas if mode.sync else 1))
         steps = hooks.LoopState()
@@ -182,11 +194,12 @@ def _span_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Tas
     cache = (output_layout.line_counts_file(config.output_dir)
              if config.output_dir and config.count_examples else None)
     return data.span_input(config.batch_size, task.replica_index, "/job:ps/task:0",
-                           config.span_lease_secs, config.seed, config.count_examples, cache)
+                           config.span_lease_secs, config.seed, config.count_examples, cache,
+                           sync=mode.sync)
 
 
 def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed,
-                 model_scaffold=None):
+                 model_scaffold=None, around_save=(None, None)):
     """(scaffold, saved, optimizer names): local init and a saver of the portable names.
 
     Every mode saves the same names (`checkpoints.saved_names`), so a
@@ -196,7 +209,8 @@ def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, fee
 
     `iter_init`: the input's initializer, or None; `model_scaffold`: a model_fn's
     own `Scaffold`, whose init_op, init_fn, ready ops and local init op are kept
-    (its saver is replaced by the portable one).
+    (its saver is replaced by the portable one). `around_save`: ops run before and
+    after each save (`checkpoints.StateSaver`), or None.
     """
     local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(),
                           *([iter_init] if iter_init is not None else []),
@@ -208,7 +222,8 @@ def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, fee
                                     state.names if state else None)
     scaffold = v1.train.Scaffold(
         **_kept(model_scaffold), local_init_op=local_init, local_init_feed_dict=feed,
-        saver=checkpoints.StateSaver(saved, state.save_state if state else None, sharded=True,
+        saver=checkpoints.StateSaver(saved, state.save_state if state else around_save[0],
+                                     after_save=around_save[1], sharded=True,
                                      max_to_keep=config.keep_checkpoint_max,
                                      save_relative_paths=True,
                                      timeout_secs=hooks.save_timeout_secs(
@@ -282,9 +297,13 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
                                                       config.batch_size) if on_ps else set())
     small = exact.SmallVariables([v for v in v1.trainable_variables()
                                   if v.op.name not in on_ps_only], worker_device)
-    small.pull()
+    # sync from the data queue: global_step read before every parameter (elastic_sync, 1.)
+    local_step = global_step.read_value() if mode.sync and span is not None else None
+    with tf.control_dependencies([local_step] if local_step is not None else []):
+        small.pull()
     with v1.variable_scope(v1.get_variable_scope(), custom_getter=small), \
-            ps_products.placed(on_ps):
+            ps_products.placed(on_ps), \
+            tf.control_dependencies([local_step] if local_step is not None else []):
         if len(devices) > 1:
             logging.info("%d towers on %s, %d examples each; shared reads and summed "
                          "gradients on %s", len(devices), ", ".join(devices),
@@ -303,6 +322,19 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
     if not mode.sync:
         return Step(loss, accuracy, exact.counted_update(opt, grads, global_step,
                                                          config.train_steps, span=span))
+    return _sync_step(config, mode, opt, grads, global_step, loss, accuracy, span, local_step)
+
+
+def _sync_step(config, mode: Mode, opt, grads, global_step, loss, accuracy, span=None,
+               local_step=None) -> Step:
+    """The exact mode's sync step: through `SyncReplicasOptimizer`, or with the data queue
+    (`span`) through `elastic_sync` (its step `local_step`, read before the parameters)."""
+    if span is not None:
+        cap = config.replicas_to_aggregate or mode.declared
+        elastic = elastic_sync.ElasticSync(span, opt, grads, global_step, local_step,
+                                           config.train_steps, cap, config.min_replicas,
+                                           config.sync_live_secs, span.worker)
+        return Step(loss, accuracy, elastic.push(), elastic=elastic)
     sync_opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=mode.replicas,
                                               total_num_replicas=mode.num_workers)
     # The step's value is the token it took, which the chief's sync op fills with the
@@ -368,7 +400,9 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
         barrier = start.StartBarrier(global_step, shutdown.ps_device(0))
         training.insert(0, start.StartTogetherHook(barrier, task.replica_index, others,
                                                    config.start_wait_secs, preempted))
-    if mode.sync:
+    if step.elastic is not None:
+        training.append(elastic_sync.TickHook(step.elastic))
+    elif mode.sync:
         # Model averaging starts without tokens: a worker's first exchange must
         # wait for the first average, not pull the model it started from.
         training.append(hooks.SyncReplicasHook(

@@ -1,0 +1,356 @@
+"""Sync training from the data queue, aggregating over the workers that are alive.
+
+`--sync` with the data queue (`lowlevel.data.spans`). `SyncReplicasOptimizer` cannot keep
+the queue exact: a worker's gradient can be dropped as stale after its batch was noted,
+or applied after its worker died before noting it, and it waits for a fixed number of
+gradients, so a worker that leaves stalls every step. Here a step's gradients and its
+batches are accepted together and applied together, each under the queue's lock on
+ps 0 (one `tf.CriticalSection`), and the number of gradients a step aggregates follows
+the live workers.
+
+The protocol, per worker step:
+1. The worker reads global_step (its step s) before any parameter: a gradient it pushes
+   for s was computed on the parameters of step s.
+2. Push, in the lock. Accepted iff global_step is still s (< `last_step`), the worker
+   owns its batch's span and the batch begins where the model and the batches already
+   accepted for step s end (`offset + pending`). Accepted: the gradients go into the
+   step's accumulators (TensorFlow's `ConditionalAccumulator`, sparse for embedding rows,
+   as in `SyncReplicasOptimizer`), the batch into `pending`, and the worker's heartbeat
+   is refreshed. Refused because s is over: `spans.MOVED_ON`; the worker claims again
+   and reads on from where the model is (its lines are not in the model).
+3. Completion, in the same lock: by the push that brings the accepted count to the
+   required count, or by a worker's heartbeat tick (`tick`, every `TICK_SECS`) once a
+   worker has left. Required: the live workers (a heartbeat within `live_secs`, from
+   every worker's tick thread and push), clipped to [`floor`, `cap`]
+   (`--min_replicas`, `--replicas_to_aggregate` or the declared workers). The mean of
+   the accepted gradients is applied, `pending` is added to the queue's `offset` (and
+   to `seen`), global_step + 1, and one token per accepted push goes into the token
+   queue (`sync_token_q`, which the end-of-training protocol closes).
+4. An accepted worker waits in its step for a token (`_wait`). The step's result is
+   the global step after it.
+
+What this guarantees: a batch is in the model iff it was accepted and its step
+completed, and the commit is in the same critical section as the update: every line
+is in the model exactly once per pass across worker kills, joins and leaves. A ps or
+chief restore rewinds model and queue together; the step under way is dropped
+(`StepStateReset`: the accepted count and `pending` go back to 0, the accumulators
+are emptied). A completion cut short by a ps's death between the update and the
+commit is rewound by that restore; one cancelled by a run's deadline in that window
+(none seen) would leave its lines to be read again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import tensorflow as tf
+from absl import logging
+from tensorflow.python.training.saving import saveable_object
+
+from lowlevel import errors
+from lowlevel.data import spans
+
+v1 = tf.compat.v1
+
+SCOPE = "sync_queue"
+NEVER_STALE = 1 << 62  # the accumulators' local_step: the lock, not they, decides staleness
+MAX_ENTRIES = 4096  # pushes one step may accept (a worker may push twice in a step: see 4.)
+MAX_WORKERS = 1024  # worker (replica) indices with a heartbeat
+TICK_SECS = 1.0  # a worker's heartbeat, and its check for a step whose workers left
+
+
+class ElasticSync:
+    """The sync step's ops on ps 0 (`push`, `tick`) for one worker.
+
+    Args:
+      span_input: the worker's input from the data queue (`spans.SpanInput`; its queue
+        built with `sync=True`, which gives it `pending`).
+      opt: the optimizer whose `apply_gradients` applies each step's mean.
+      grads_and_vars: this worker's [(gradient, variable)]; IndexedSlices for rows.
+      global_step: int64 resource variable on ps 0 (the queue's device).
+      local_step: int64 scalar, global_step read before every parameter (step 1).
+      last_step: `--train_steps`.
+      cap, floor: the most and fewest gradients a step aggregates (cap None: no bound
+        but the live workers).
+      live_secs: a worker without a heartbeat for this long has left (`--sync_live_secs`).
+      worker: this worker's replica index (int, < `MAX_WORKERS`).
+    """
+
+    def __init__(self, span_input, opt, grads_and_vars, global_step, local_step, last_step: int,
+                 cap: Optional[int], floor: int, live_secs: float, worker: int):
+        if worker >= MAX_WORKERS:
+            raise errors.UsageError(f"--sync with the data queue: worker {worker}: at most "
+                                    f"{MAX_WORKERS} workers")
+        queue = span_input.queue
+        self.queue, self._input = queue, span_input
+        self._opt, self._gs, self._local = opt, global_step, local_step
+        self._last, self._cap, self._floor = last_step, cap or MAX_WORKERS, floor
+        self._live_secs, self.worker = live_secs, worker
+        self._pairs = list(grads_and_vars)
+        with v1.device(queue.device), v1.variable_scope(SCOPE):
+            def step_var(name, value):  # not saved: `StepStateReset` zeroes them on restore
+                return v1.get_variable(name, initializer=value, trainable=False,
+                                       collections=[], use_resource=True)
+            self.accepted = step_var("accepted", tf.constant(0, tf.int64))
+            self.beat = step_var("beat", tf.zeros([MAX_WORKERS], tf.float64))
+            # seconds since the Unix epoch until which no step completes (a save's cut)
+            self.paused_until = step_var("paused_until", tf.constant(0.0, tf.float64))
+            self.aggregated = v1.get_variable(  # saved: gradients applied, all steps
+                "aggregated", initializer=tf.constant(0, tf.int64), trainable=False,
+                use_resource=True)
+            self.tokens = v1.FIFOQueue(-1, tf.int64, shapes=(), shared_name="sync_token_q",
+                                       name="tokens")
+            # the mutex of the queue's lock (`spans.SpanQueue.lock`), by its shared name
+            self._mutex = tf.raw_ops.MutexV2(shared_name=f"{spans.SCOPE}_lock")
+        self._state = [self.accepted, self.beat, self.paused_until, queue.pending]
+        self._accumulators = [_accumulator(g, v) for g, v in self._pairs]
+
+    def push(self):
+        """The worker's train op: int64 scalar, the global step after its step (blocks until
+        the step completes). Fails with `spans.MOVED_ON` if the push was refused."""
+        where = self._input.marked()
+        status = self._locked_push(where)
+        with v1.device(self.queue.device):
+            accepted, now = status[0] > 0, status[1]
+            ended = now >= self._last
+            check = tf.debugging.Assert(tf.logical_or(accepted, ended),
+                                        [spans.MOVED_ON, "stale or moved-on batch", where])
+            with tf.control_dependencies([check]):
+                return tf.cond(accepted, self._wait, lambda: tf.identity(now))
+
+    def _locked_push(self, where):
+        """`_push` holding the queue's lock, its arguments first copied to the ps tasks.
+
+        `tf.CriticalSection.execute`'s protocol (lock after the arguments are computed,
+        the call, release after its outputs) written out, as `DynamicShard._locked` does:
+        `execute` would make the lock wait on a group of the arguments' ops on the
+        worker, one more tensor crossing to ps 0 per gradient. Here each gradient is
+        copied to its variable's ps and the lock waits on one group per ps. The lock
+        still waits for every gradient: holding it while one is computed would stall the
+        other workers' pushes behind this worker's backward pass."""
+        with v1.colocate_with(None, ignore_existing=True):
+            pairs, groups = [], {}
+            for g, v in self._pairs:
+                with v1.device(v.device):
+                    copy = (tf.identity(g) if isinstance(g, tf.Tensor) else tf.IndexedSlices(
+                        tf.identity(g.values), tf.identity(g.indices), g.dense_shape))
+                    groups.setdefault(v.device, []).extend(
+                        tf.nest.flatten(copy, expand_composites=True))
+                pairs.append((copy, v))
+            with v1.device(self.queue.device):
+                where = tf.identity(where)
+                arrived = [where]
+                for device, tensors in groups.items():
+                    with v1.device(device):
+                        arrived.append(tf.group(*tensors))
+                with tf.control_dependencies(arrived):
+                    lock = tf.raw_ops.MutexLock(mutex=self._mutex)
+                with tf.control_dependencies([lock]):
+                    status = self._push(where, pairs)
+                with tf.control_dependencies([status]):
+                    released = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)
+                with tf.control_dependencies([released]):
+                    return tf.identity(status)
+
+    def _push(self, where, pairs):
+        """In the lock: [accepted (0/1), global_step]. `pairs`: (gradient, variable), each
+        gradient on its variable's ps."""
+        q, n = self.queue, where[2]
+        span, first = where[0], where[1]
+        step = self._gs.read_value()
+        owns = tf.logical_and(tf.equal(q.owner.sparse_read(span), self.worker), tf.equal(
+            q.offset.sparse_read(span) + q.pending.sparse_read(span), first))
+        ok = tf.logical_and(tf.logical_and(owns, tf.equal(step, self._local)),
+                            tf.logical_and(step < self._last,
+                                           self.accepted.read_value() < MAX_ENTRIES))
+        ok64 = tf.cast(ok, tf.int64)
+        # A refused gradient is applied with local_step -1: below every accumulator's
+        # step, dropped (the accumulators count only accepted ones).
+        local = tf.where(ok, tf.constant(NEVER_STALE, tf.int64), -1)
+        applies = [acc.apply_grad(g, local) if isinstance(g, tf.Tensor) else
+                   acc.apply_indexed_slices_grad(g, local)
+                   for acc, (g, _) in zip(self._accumulators, pairs)]
+        now = tf.timestamp()
+        with tf.control_dependencies(applies):
+            writes = [q.pending.scatter_add(spans.at(span, n * ok64)),
+                      self.accepted.assign_add(ok64),
+                      self.beat.scatter_update(spans.at(self.worker, now)),
+                      q.lease.scatter_update(spans.at(span, tf.where(
+                          ok, now, q.lease.sparse_read(span))))]
+        with tf.control_dependencies(writes):
+            done = self._complete_if_ready()
+        with tf.control_dependencies([done]):
+            return tf.stack([ok64, step])
+
+    def _wait(self):
+        """int64: the global step once this worker has a token. Any token: one that a
+        worker which left did not take lets this one push again at once; its next
+        gradient is of the same parameters, accepted for the same step (tokens stay one
+        per accepted push, so no worker's wait is left without one)."""
+        token = self.tokens.dequeue()
+        with tf.control_dependencies([token]):
+            return tf.maximum(token, self._gs.read_value())
+
+    def tick(self):
+        """Op: this worker's heartbeat, and the completion of a step that has what the live
+        workers require (its other workers left). int64: global_step."""
+        with v1.device(self.queue.device):
+            return self.queue.lock.execute(self._tick, name="sync_tick")
+
+    def _tick(self):
+        with tf.control_dependencies([self.beat.scatter_update(spans.at(
+                self.worker, tf.timestamp()))]):
+            done = self._complete_if_ready()
+        with tf.control_dependencies([done]):
+            return self._gs.read_value()
+
+    def _complete_if_ready(self):
+        """In the lock: completes the step if it has the gradients the live workers require."""
+        live = tf.reduce_sum(tf.cast(self.beat.read_value() > tf.timestamp() - self._live_secs,
+                                     tf.int64))
+        required = tf.clip_by_value(live, self._floor, max(self._cap, self._floor))
+        count = self.accepted.read_value()
+        ready = tf.logical_and(tf.logical_and(count >= required, count > 0),
+                               tf.timestamp() >= self.paused_until.read_value())
+        return tf.cond(ready, lambda: self._complete(count), lambda: tf.constant(False))
+
+    def _complete(self, count):
+        """The step's mean applied, its batches committed, global_step + 1, `count` tokens."""
+        q = self.queue
+        mean = [(_take(acc, g, v), v) for acc, (g, v) in zip(self._accumulators, self._pairs)]
+        update = self._opt.apply_gradients(mean)
+        with tf.control_dependencies([update]):
+            pending, offset = q.pending.read_value(), q.offset.read_value()
+        with tf.control_dependencies([pending, offset]):
+            writes = [q.offset.assign_add(pending), q.committed.assign_add(1),
+                      self.aggregated.assign_add(count)]
+            if q.seen is not None:
+                writes.append(_count_seen(q, offset, pending))
+        with tf.control_dependencies(writes):
+            bumped = self._gs.assign_add(1, read_value=False)
+        with tf.control_dependencies([bumped]):
+            step = self._gs.read_value()
+            reset = [q.pending.assign(tf.zeros_like(pending)), self.accepted.assign(0),
+                     self.tokens.enqueue_many([tf.fill([count], step)])]
+        with tf.control_dependencies(reset):
+            return tf.constant(True)
+
+    def pause(self, secs: float):
+        """(pause, resume) ops for a checkpoint save: between them no step completes, so the
+        model, the queue and `seen` are saved as of one step (pushes are still accepted;
+        the step under way is not saved). The pause ends by itself after `secs` (a save's
+        deadline), should its saver die before `resume`; `resume` completes a step that
+        became ready meanwhile."""
+        with v1.device(self.queue.device):
+            def set_pause():
+                return self.paused_until.assign(tf.timestamp() + secs, read_value=False)
+
+            def unpause():
+                with tf.control_dependencies([self.paused_until.assign(0.0,
+                                                                       read_value=False)]):
+                    return self._complete_if_ready()
+
+            return (self.queue.lock.execute(set_pause, name="sync_pause"),
+                    self.queue.lock.execute(unpause, name="sync_resume"))
+
+    def local_init(self):
+        """Op for every session's local init: the step state's initial values where they
+        have none (a fresh ps 0); an initialised state is left alone (a step under way)."""
+        # The assign is made in the branch: a branch returning `v.initializer`, an op made
+        # outside it, would run it every time (and drop the step under way at every
+        # worker's session start, stranding the workers waiting on it: seen, 60 s stalls).
+        return tf.group(*[tf.cond(v.is_initialized(), tf.no_op, lambda v=v: v.assign(
+            v.initial_value, read_value=False)) for v in self._state])
+
+    def reset(self):
+        """Op: the step under way dropped (the restore's; see `StepStateReset`); the workers
+        whose pushes it had accepted get their tokens, and push again."""
+        drains = [tf.cond(acc.num_accumulated() > 0, lambda acc=acc, g=g, v=v: tf.group(
+            tf.nest.flatten(_take(acc, g, v), expand_composites=True)), tf.no_op)
+            for acc, (g, v) in zip(self._accumulators, self._pairs)]
+        with v1.device(self.queue.device):
+            waiting = tf.cond(self.accepted.is_initialized(), self.accepted.read_value,
+                              lambda: tf.constant(0, tf.int64))
+            # tokens of value 0 (`_wait` returns the global step): a restore may be
+            # writing global_step in the same run, so it is not read here
+            wake = self.tokens.enqueue_many([tf.zeros([waiting], tf.int64)])
+        with tf.control_dependencies([wake, *drains]):
+            return tf.group(*[v.initializer for v in self._state])
+
+
+def _accumulator(g, v):
+    """The accumulator of variable `v`'s gradients (`g` a Tensor or IndexedSlices), on its ps."""
+    with v1.device(v.device):
+        name = v.op.name.replace("/", "_") + "_sync_accumulator"
+        if isinstance(g, tf.IndexedSlices):
+            return v1.SparseConditionalAccumulator(g.dtype, shape=v.shape, shared_name=name,
+                                                   name=name)
+        return v1.ConditionalAccumulator(g.dtype, shape=v.shape, shared_name=name, name=name)
+
+
+def _take(acc, g, v):
+    """The mean of what `acc` holds (it holds at least one). In a `tf.cond` branch: a
+    sparse accumulator's handle is a reference, which a branch cannot take from outside,
+    so the branch makes its own handle to the same accumulator (its shared name)."""
+    if isinstance(g, tf.Tensor):
+        return acc.take_grad(1)
+    return _accumulator(g, v).take_indexed_slices_grad(1)
+
+
+def _count_seen(q, offset, pending):
+    """Op: +1 in `seen` for each line of `pending` (lines after `offset` per span)."""
+    starts = q.bases + offset
+    ids = tf.ragged.range(starts, starts + pending).flat_values
+    return q.seen.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids))
+
+
+class StepStateReset(saveable_object.SaveableObject):
+    """A checkpoint entry (`sync_queue/step_state`, one int64 0) whose restore drops the step
+    under way (`ElasticSync.reset`): a restored model and queue start a step afresh."""
+
+    def __init__(self, sync: ElasticSync):
+        with v1.device(sync.queue.device):
+            zero = tf.constant(0, tf.int64, name="sync_step_state")
+        name = f"{SCOPE}/step_state"
+        super().__init__(zero, [saveable_object.SaveSpec(zero, "", name)], name)
+        self._reset = sync.reset
+
+    def restore(self, restored_tensors, restored_shapes):
+        return self._reset()
+
+
+class TickHook(v1.train.SessionRunHook):
+    """Runs `ElasticSync.tick` every `TICK_SECS` in a thread, for each session (a
+    recovered session gets a new thread). A failed tick is left to the training loop's
+    fault handling: the thread logs it once and goes on."""
+
+    def __init__(self, sync: ElasticSync):
+        self._sync, self._stop = sync, threading.Event()
+        self._op = None
+
+    def begin(self):
+        self._op = self._sync.tick()
+
+    def after_create_session(self, session, coord):
+        self._stop.set()
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, args=(session, self._stop), daemon=True,
+                         name="sync_queue_tick").start()
+
+    def _loop(self, session, stop):
+        logged = False
+        options = v1.RunOptions(timeout_in_ms=int(TICK_SECS * 10_000))
+        while not stop.wait(TICK_SECS):
+            try:
+                session.run(self._op, options=options)
+            except Exception as e:  # noqa: BLE001 - any failure: the loop's faults handle it
+                if not logged:
+                    logging.info("sync heartbeat: %s (the training loop handles faults)",
+                                 str(e).splitlines()[0])
+                    logged = True
+                if errors.run_cancelled(e):
+                    return
+
+    def end(self, session):
+        self._stop.set()
