@@ -136,14 +136,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                     evaluation.build(data, data.test, model_fn), skip=preempted)
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
-        around_save = (None, None)
-        if step.elastic is not None:  # its step state: set up at local init, reset by a
-            # restore; its steps' completion paused while a checkpoint is written
-            iter_init = tf.group(iter_init, step.elastic.local_init())
-            v1.add_to_collection(checkpoints.EXTRA_SAVEABLES,
-                                 elastic_sync.StepStateReset(step.elastic))
-            around_save = step.elastic.pause(hooks.save_timeout_secs(
-                config.step_timeout_secs, _variable_bytes(v1.global_variables())))
+        iter_init, around_save = _elastic_state(config, step, iter_init)
         scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
                                                      iter_init, feed, around_save=around_save)
         examples_per_step = (config.batch_size * len(devices) *
@@ -158,6 +151,18 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
                       run_hooks, progress, final_eval, examples_per_step, steps, saved,
                       optimizer_names, span_input)
+
+
+def _elastic_state(config: TrainConfig, step: Step, iter_init):
+    """(local init, (before, after) each save) with the data queue's sync: its step state
+    set up at local init and reset by a restore, its steps' completion paused while a
+    checkpoint is written (`elastic_sync`); else (iter_init, (None, None))."""
+    if step.elastic is None:
+        return iter_init, (None, None)
+    v1.add_to_collection(checkpoints.EXTRA_SAVEABLES, elastic_sync.StepStateReset(step.elastic))
+    return (tf.group(iter_init, step.elastic.local_init()),
+            step.elastic.pause(hooks.save_timeout_secs(
+                config.step_timeout_secs, _variable_bytes(v1.global_variables()))))
 
 
 def _train_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Task,
