@@ -58,6 +58,9 @@ and, per event (fields after the colon):
   `first_line` (int, 1-based: where it resumes), `epoch` (int: the span's passes before
   this one), `taken_over` (bool: from
   a worker that had not committed a step for `--span_lease_secs`).
+- `left`: a worker stopped by SIGTERM/SIGINT left the data queue
+  (`runtime.hooks.LeaveHook`): `spans_freed` (int: the spans it held, now free; in sync
+  its heartbeat is cleared too).
 - `stopped`: a ps got the chief's stop signal: `served_secs` (float).
 
 Appends are safe with several processes reading: each record is one

@@ -61,7 +61,7 @@ from absl import app, flags
 
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
-from lowlevel.ops import forking, isolation, k8s, memory_limits
+from lowlevel.ops import forking, isolation, k8s, memory_limits, resize
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 from lowlevel.runtime import restarts
 
@@ -95,6 +95,15 @@ flags.DEFINE_string("memory", None, "Each task's memory limit (Kubernetes quanti
                     "Default: no limit.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
+flags.DEFINE_boolean("dynamic_workers", False, "Workers may join and leave the running job "
+                     "(as a TFJob's enableDynamicWorker): every task gets the operator's "
+                     "sparseCluster TF_CONFIG, and python -m lowlevel.launch "
+                     "--output_dir=DIR --resize=N (or SIGTTIN / SIGTTOU to the launcher: one "
+                     "more / fewer) changes the worker count while it runs "
+                     "(lowlevel.ops.resize). Needs the data queue (--dataset=criteo_files).")
+flags.DEFINE_integer("resize", None, "With --output_dir of a running --dynamic_workers "
+                     "launcher: ask it for this many workers, wait until they run, exit 0 "
+                     "(1 if not within 120 s). Starts nothing else.")
 flags.DEFINE_string("script", None, "Run your own TF1 program on every task instead of the "
                     "trainer: each task is python -m lowlevel SCRIPT ARGS "
                     "(ARGS: everything after --) plus its cluster (--script_cluster). Trainer "
@@ -265,6 +274,10 @@ def main(argv) -> int:
     Raises:
       UsageError: a flag that does not apply or is out of range; TF_CONFIG set.
     """
+    if FLAGS.resize is not None:
+        if not FLAGS.output_dir:
+            raise UsageError("--resize needs --output_dir: the running launcher's")
+        return resize.request(FLAGS.output_dir, FLAGS.resize)
     if FLAGS.script is None and len(argv) > 1:
         raise UsageError(f"unexpected argument {argv[1]!r} (flags are --name=value)")
     if FLAGS.script is None and FLAGS["script_cluster"].present:
@@ -275,6 +288,8 @@ def main(argv) -> int:
         raise UsageError("TF_CONFIG is set: the launcher makes its own cluster; unset it "
                          "(or start the tasks yourself with python -m lowlevel.trainer)")
     if FLAGS.script is not None:
+        if FLAGS.dynamic_workers:
+            raise UsageError("--dynamic_workers applies to the trainer only, not --script")
         return _launch_script(argv[1:])
     return _launch_trainer()
 
@@ -290,15 +305,46 @@ def _launch_trainer() -> int:
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     output_layout.ensure_writable(output_dir)
+    if FLAGS.dynamic_workers and not config.span_queue(True, config.sync):
+        raise UsageError("--dynamic_workers: workers join and leave through the data queue; "
+                         "use --dataset=criteo_files with --data_sharding=auto or queue")
     where = _confine() if not FLAGS.no_isolation else "on localhost"
-    commands = task_commands(FLAGS.num_ps, FLAGS.num_workers, os.path.abspath(output_dir),
-                             extra, evaluator=FLAGS.evaluator)
+    envs, resizer = {}, None
+    if FLAGS.dynamic_workers:
+        commands, envs, resizer = _dynamic(os.path.abspath(output_dir), extra)
+    else:
+        commands = task_commands(FLAGS.num_ps, FLAGS.num_workers, os.path.abspath(output_dir),
+                                 extra, evaluator=FLAGS.evaluator)
     print(f"launch: {FLAGS.num_ps} ps + {FLAGS.num_workers} workers"
           f"{' + evaluator' if FLAGS.evaluator else ''} {where}; "
           f"output in {output_dir}", flush=True)
     if FLAGS.metrics_port:
         print(f"launch: {metrics_ports(commands, FLAGS.metrics_port)}", flush=True)
-    return _run(commands, {}, limits, output_dir, FLAGS.fork, preloaded=forking.TRAINER_MODULES)
+    if resizer is not None:
+        print(f"launch: dynamic workers: python -m lowlevel.launch --output_dir={output_dir} "
+              f"--resize=N, or kill -TTIN/-TTOU {os.getpid()}, changes the worker count",
+              flush=True)
+    return _run(commands, envs, limits, output_dir, FLAGS.fork,
+                preloaded=forking.TRAINER_MODULES, resizer=resizer)
+
+
+def _dynamic(output_dir: str, extra: list[str]):
+    """The tasks of a `--dynamic_workers` job and its `resize.Resizer`: (commands, envs,
+    resizer). A worker that joins later gets the next metrics port after the first tasks'."""
+    base = [sys.executable, "-m", "lowlevel.trainer", f"--output_dir={output_dir}", *extra]
+    commands, envs, new_worker = resize.dynamic_commands(
+        FLAGS.num_ps, FLAGS.num_workers, base, evaluator=FLAGS.evaluator)
+    first_tasks = len(commands)
+
+    def worker(index: int):
+        argv, env = new_worker(index)
+        if FLAGS.metrics_port:
+            argv = [a for a in argv if not a.startswith("--metrics_port=")]
+            argv.append(f"--metrics_port={FLAGS.metrics_port + first_tasks + index - 1}")
+        return argv, env
+
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    return commands, envs, resize.Resizer(output_dir, FLAGS.num_workers, worker, say)
 
 
 def _launch_script(script_args: list[str]) -> int:
@@ -319,10 +365,12 @@ def _launch_script(script_args: list[str]) -> int:
 
 
 def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str, int],
-         output_dir, fork: bool, after_chief: tuple = ("ps",), preloaded: tuple = ()) -> int:
+         output_dir, fork: bool, after_chief: tuple = ("ps",), preloaded: tuple = (),
+         resizer=None) -> int:
     """Starts `commands` (forked from this process with `fork`), supervises them to the
     end and reports it; returns the exit status. `output_dir` (the trainer's; None for a
-    script) feeds the live progress line and names the final metrics."""
+    script) feeds the live progress line and names the final metrics; `resizer`
+    (`resize.Resizer`, `--dynamic_workers`) takes resize requests while it runs."""
     started = time.monotonic()
     if fork:
         preload(verbose=FLAGS.verbosity >= 1, modules=preloaded)
@@ -341,9 +389,13 @@ def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if resizer is not None:
+        resizer.install()
+        resizer.write_state(sup, set())
     progress = Progress() if sys.stdout.isatty() and output_dir else None
     code = supervise(sup, FLAGS.stop_timeout_secs, progress,
-                     os.path.abspath(output_dir) if output_dir else None, after_chief)
+                     os.path.abspath(output_dir) if output_dir else None, after_chief,
+                     resizer)
     elapsed = time.monotonic() - started
     restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
     if memory is not None:

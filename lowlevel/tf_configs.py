@@ -98,6 +98,12 @@ _kubernetes_flag(flags.DEFINE_integer, "num_ps", 1, "ps tasks.")
 _kubernetes_flag(flags.DEFINE_integer, "num_workers", 2, "workers (worker 0 is the chief "
                  "unless --chief_job).")
 _kubernetes_flag(flags.DEFINE_boolean, "chief_job", False, "a separate Chief replica.")
+_kubernetes_flag(flags.DEFINE_boolean, "dynamic_workers", False, "TFJob only: "
+                 "enableDynamicWorker, so the Worker replicas may be changed on the running "
+                 "job (kubectl patch tfjob NAME --type=merge -p '{\"spec\": "
+                 "{\"tfReplicaSpecs\": {\"Worker\": {\"replicas\": N}}}}'); the "
+                 "trainer's workers then take their work from the data queue "
+                 "(--dataset=criteo_files). Not with --chief_job or --script.")
 _kubernetes_flag(flags.DEFINE_string, "name", None, "the run's name (a DNS label: lowercase "
                  "letters, digits, '-'); pods are NAME-ROLE-I.")
 _kubernetes_flag(flags.DEFINE_string, "namespace", "default", "the Kubernetes namespace.")
@@ -275,7 +281,7 @@ def kubernetes_docs(extra: list[str]) -> list[dict]:
                   FLAGS.pvc, resources, FLAGS.backoff_limit, options,
                   FLAGS.active_deadline_secs or None)
     if FLAGS.format == "tfjob":
-        docs = [k8s.tfjob(*build_args)]
+        docs = [k8s.tfjob(*build_args, dynamic_workers=FLAGS.dynamic_workers)]
     else:
         docs = k8s.plain(*build_args, cluster_flags=script and script_cluster() == "flags")
     docs.append(k8s.network_policy(name, FLAGS.namespace, metrics_port))
@@ -311,6 +317,11 @@ def _check_kubernetes_flags(extra: list[str]) -> None:
     if FLAGS.num_ps < 1 or FLAGS.num_workers < (0 if FLAGS.chief_job else 1):
         raise UsageError(f"--num_ps={FLAGS.num_ps} --num_workers={FLAGS.num_workers}: expected "
                          "at least 1 ps and 1 worker (0 workers only with --chief_job)")
+    if FLAGS.dynamic_workers and (FLAGS.format != "tfjob" or FLAGS.chief_job or
+                                  FLAGS.script is not None):
+        raise UsageError("--dynamic_workers: a TFJob's enableDynamicWorker (--format=tfjob) "
+                         "of the trainer, with worker 0 as the chief (no --chief_job: the "
+                         "operator gives a Chief no ps addresses; no --script)")
     if not FLAGS.output_dir.startswith("/"):
         raise UsageError(f"--output_dir={FLAGS.output_dir}: expected an absolute path (where "
                          "the claim is mounted in every pod), e.g. /output")

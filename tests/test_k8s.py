@@ -388,6 +388,22 @@ def test_tf_config_of_each_replica_as_the_operator_writes_it():
     assert sparse[("chief", 0)]["sparseCluster"] == {"worker": {}, "ps": []}
 
 
+def test_a_dynamic_tfjob_resized_gives_the_new_worker_a_sparse_cluster_of_its_own():
+    """--dynamic_workers: enableDynamicWorker, valid; after the Worker replicas are patched
+    from 2 to 3 (kubectl patch, what `lowlevel.launch --resize` does on one machine), the
+    operator's TF_CONFIG of the new worker names only the ps tasks and itself."""
+    layout = [f for f in LAYOUT if f != "--chief_job"]
+    tfjob = documents("tfjob", "--dynamic_workers", layout=layout)[0]
+    assert tfjob["spec"]["enableDynamicWorker"] is True
+    validate_tfjob(tfjob, KUBERNETES_VERSIONS[-1])
+    tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = 3
+    configs = k8s.tfjob_tf_configs(tfjob)
+    assert configs[("worker", 2)] == {"sparseCluster": {
+        "worker": {"2": "mnist-worker-2.ml.svc:2222"},
+        "ps": ["mnist-ps-0.ml.svc:2222", "mnist-ps-1.ml.svc:2222"]},
+        "task": {"type": "worker", "index": 2}}
+
+
 BASE = ["--name=r", "--image=i:1", "--pvc=p", "--output_dir=/o"]
 
 
@@ -415,6 +431,8 @@ BASE = ["--name=r", "--image=i:1", "--pvc=p", "--output_dir=/o"]
     (BASE + ["--worker_gpus=1", "--image=r/i@sha256:" + "0" * 64], "is pinned by digest: "
                                                                    "give --gpu_image"),
     (BASE + ["--", "--max_restarts=3"], "--max_restarts=3 after '--': give it to this tool"),
+    (BASE + ["--dynamic_workers", "--chief_job"], "--dynamic_workers: a TFJob's "
+                                                   "enableDynamicWorker"),
 ])
 def test_generator_usage_errors(flags, needle):
     result = generate("tfjob", *flags)

@@ -7,6 +7,8 @@ in the checkpoint, `--count_examples`); a checkpoint without the queue resumes w
 fresh one and says so; where the queue does not apply, one line."""
 
 import json
+import os
+import signal
 import sys
 import time
 
@@ -42,6 +44,7 @@ class _Queue:
             where = tf.stack([tf.cast(self.span, tf.int64), self.first, self.n])
             self._check = self.queue.check(self.worker, where)
             self._commit = self.queue.commit(where)
+            self._release = self.queue.release(self.worker)
             self.sess = v1.Session(self._servers[1].target)
             self.sess.run(v1.global_variables_initializer())
 
@@ -59,8 +62,23 @@ class _Queue:
         return bool(self.sess.run(self._commit, {self.span: span, self.first: first,
                                                  self.n: n}))
 
+    def release(self, worker) -> int:
+        return int(self.sess.run(self._release, {self.worker: worker}))
+
     def state(self, name):
         return self.sess.run(getattr(self.queue, name))
+
+
+@pytest.mark.timeout(60)
+def test_a_leaving_workers_span_is_freed_at_once_and_resumes_where_the_model_is():
+    q = _Queue(2, lease_secs=3600.0)  # no lease runs out here
+    a, _, _ = q.claim(0)
+    b, _, _ = q.claim(1)
+    assert q.commit(a, 0, 7)
+    assert q.claim(2)[0] == -1  # both held
+    assert q.release(0) == 1 and q.release(0) == 0  # worker 1's is kept
+    assert q.state("owner")[a] == spans.FREE and q.state("owner")[b] == 1
+    assert q.claim(2) == (a, 7, 0) and not q.taken_over  # from its committed lines on
 
 
 @pytest.mark.timeout(60)
@@ -174,7 +192,6 @@ def _assert_once_per_epoch(out, train_dir, passes=1, path=None):
 def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill(tmp_path,
                                                                                   sync):
     from test_recovery import TRAIN_STEPS, Launch
-    import signal
     files = _make(tmp_path)
     out = tmp_path / "run"
     launch = Launch(out, "--num_ps=1", "--num_workers=2", "--no_isolation", "--model=wide_deep",
@@ -324,6 +341,66 @@ def _wait_for(condition, timeout_secs: float, procs: dict) -> None:
         assert not dead, dead
         time.sleep(0.1)
     pytest.fail(f"not within {timeout_secs} s")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_the_launcher_resizes_a_running_job_and_every_line_is_in_once(tmp_path, sync):
+    """`lowlevel.launch --dynamic_workers`, 1 ps + 1 worker: grown to 3 by the command
+    (`--resize=3`), shrunk to 2 by SIGTTOU to the launcher. worker2 stops at a safe point
+    and leaves the queue: its span goes to the next claim at once, not after the default
+    --span_lease_secs (60 s), and (sync) no step waits the default --sync_live_secs
+    (10 s) for it. Every task exits 0; every line is in once per pass."""
+    from test_recovery import TRAIN_STEPS, Launch
+    files = _make(tmp_path)
+    out = tmp_path / "run"
+    launch = Launch(out, "--dynamic_workers", "--num_ps=1", "--num_workers=1",
+                    "--no_isolation", "--model=wide_deep", "--dataset=criteo_files",
+                    "--batch_size=64", "--count_examples", *files,
+                    *(["--sync"] if sync else []))
+    try:
+        launch.wait_for_step(300, 150)
+        resized = clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                                "--resize=3"], timeout=150)
+        assert resized.returncode == 0, resized
+        assert "3 workers (worker0, worker1, worker2)" in resized.stdout, resized
+        _wait_for(lambda: _claims(out, "worker2"), 120, {})
+        os.kill(launch.proc.pid, signal.SIGTTOU)
+        _wait_for(lambda: launch.events("left", "worker2"), 60, {})
+        left = launch.events("left", "worker2")[0]
+        at = max(r["global_step"] for r in launch.events("progress", until=left["unix_time"]))
+        _wait_for(lambda: launch.events("progress", since=left["unix_time"]) and max(
+            r["global_step"] for r in launch.events("progress")) > at + 10, 60, {})
+        code = launch.finish(300)
+    finally:
+        launch.kill()
+    text = launch.text()
+    assert code == 0, text[-5000:]
+    for line in ("launch: worker1 joins the job (resize to 3)",
+                 "launch: worker2 leaves the job (resize to 2)",
+                 "launch: worker2 left the job: exited with status 143 (stopped by SIGTERM)"):
+        assert line in text, (line, [t for t in text.splitlines() if "launch:" in t])
+    resumed = min(r["unix_time"] for r in launch.events("progress", since=left["unix_time"])
+                  if r["global_step"] > at + 10)
+    assert resumed - left["unix_time"] < 8.0, (resumed - left["unix_time"])  # < 10 s
+    held = _claims(out, "worker2")[-1]
+    assert left["spans_freed"] == 1, left
+    taken = [r for w in ("worker0", "worker1") for r in _claims(out, w)
+             if (r["span"], r["epoch"]) == (held["span"], held["epoch"])
+             and r["unix_time"] > left["unix_time"]]
+    assert taken and not taken[0]["taken_over"], (held, taken)  # freed, not past a lease
+    state, step = _assert_once_per_epoch(out, tmp_path / "train")
+    assert step == TRAIN_STEPS and state["owner"].max() < 2, state
+    assert not clusters.leftovers(out)
+
+
+def test_resize_without_a_running_launcher_is_one_line(tmp_path):
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch",
+                           f"--output_dir={tmp_path}", "--resize=3"], timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result
+    assert f"--resize: no launcher with --dynamic_workers is running on {tmp_path}" in \
+        result.stderr, result.stderr
 
 
 @pytest.mark.cluster

@@ -213,6 +213,23 @@ class SpanQueue:
                              passes[chosen], tf.cast(tf.logical_and(ok, expired[chosen]),
                                                      tf.int64)])
 
+    def release(self, worker):
+        """Op (on ps 0): int32: how many spans `worker` (int32 scalar) held, now FREE. A
+        worker that leaves (stopped by SIGTERM: a resize, a preemption) runs it, so its
+        span goes to the next claim at once instead of after `--span_lease_secs`; its
+        lines in the model stay counted (`offset` is kept)."""
+        import tensorflow as tf
+        with tf.compat.v1.device(self.device):
+            return self.lock.execute(lambda: self.released(worker), name="release")
+
+    def released(self, worker):
+        """`release`'s body, for a caller already in the lock: int32 spans freed."""
+        import tensorflow as tf
+        owner = self.owner.read_value()
+        mine = tf.equal(owner, worker)
+        with tf.control_dependencies([self.owner.assign(tf.where(mine, FREE, owner))]):
+            return tf.reduce_sum(tf.cast(mine, tf.int32))
+
     def _order(self, passes):
         """int64 [S]: the spans' ranks in a pseudo-random order, anew for each pass (a
         multiplicative hash of (seed, span, pass), ranked)."""

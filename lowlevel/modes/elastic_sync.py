@@ -205,6 +205,22 @@ class ElasticSync:
         with tf.control_dependencies([done]):
             return self._gs.read_value()
 
+    def leave(self):
+        """Op: this worker leaves (stopped by SIGTERM): its span freed
+        (`SpanQueue.released`), its heartbeat cleared, so the step under way requires one
+        gradient fewer at once, not after `--sync_live_secs`, and completes if what it has
+        is now enough. int32: spans freed."""
+        with v1.device(self.queue.device):
+            return self.queue.lock.execute(self._leave, name="sync_leave")
+
+    def _leave(self):
+        freed = self.queue.released(self.worker)
+        with tf.control_dependencies([freed, self.beat.scatter_update(spans.at(
+                self.worker, tf.constant(0.0, tf.float64)))]):
+            done = self._complete_if_ready()
+        with tf.control_dependencies([done]):
+            return tf.identity(freed)
+
     def _complete_if_ready(self):
         """In the lock: completes the step if it has the gradients the live workers require."""
         live = tf.reduce_sum(tf.cast(self.beat.read_value() > tf.timestamp() - self._live_secs,
@@ -327,7 +343,7 @@ class TickHook(v1.train.SessionRunHook):
 
     def __init__(self, sync: ElasticSync):
         self._sync, self._stop = sync, threading.Event()
-        self._op = None
+        self._op, self._thread = None, None
 
     def begin(self):
         self._op = self._sync.tick()
@@ -335,8 +351,9 @@ class TickHook(v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         self._stop.set()
         self._stop = threading.Event()
-        threading.Thread(target=self._loop, args=(session, self._stop), daemon=True,
-                         name="sync_queue_tick").start()
+        self._thread = threading.Thread(target=self._loop, args=(session, self._stop),
+                                        daemon=True, name="sync_queue_tick")
+        self._thread.start()
 
     def _loop(self, session, stop):
         logged = False
@@ -354,3 +371,5 @@ class TickHook(v1.train.SessionRunHook):
 
     def end(self, session):
         self._stop.set()
+        if self._thread is not None:  # no heartbeat after this (a leave clears it)
+            self._thread.join(TICK_SECS * 10)

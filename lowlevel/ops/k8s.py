@@ -385,7 +385,7 @@ def _image(image, job: str) -> str:
 def tfjob(name: str, namespace: str, image, replicas: dict[str, int], args: list[str],
           output_dir: str, pvc: str, resources: dict[str, dict], backoff_limit: int,
           options: Optional[PodOptions] = None,
-          active_deadline_secs: Optional[int] = None) -> dict:
+          active_deadline_secs: Optional[int] = None, dynamic_workers: bool = False) -> dict:
     """The `TFJob` of a run.
 
     Args:
@@ -402,6 +402,9 @@ def tfjob(name: str, namespace: str, image, replicas: dict[str, int], args: list
         have no label holding a uid of the run).
       active_deadline_secs: `runPolicy.activeDeadlineSeconds`: the run fails after
         this long, whatever happens (None: no bound).
+      dynamic_workers: `enableDynamicWorker: true`: each pod gets a `sparseCluster`
+        TF_CONFIG, so the Worker replicas may change while the job runs (the operator
+        creates the pods of new indices and deletes those at or above the new count).
     """
     options = options or PodOptions()
     specs = {}
@@ -426,7 +429,8 @@ def tfjob(name: str, namespace: str, image, replicas: dict[str, int], args: list
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
         "metadata": {"name": name, "namespace": namespace, "labels": _labels(name)},
-        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": specs},
+        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": specs,
+                 **({"enableDynamicWorker": True} if dynamic_workers else {})},
     }
 
 

@@ -55,7 +55,9 @@ class Supervisor:
       memory: the tasks' memory cgroups (`memory_limits.TaskCgroups`, `--memory`), or
         None: each task is put in its own as it starts, and an end its limit caused says so.
       envs: {task name: variables added to that task's environment} (a script's
-        `TF_CONFIG`: `lowlevel.launch --script_cluster=tf_config`), at every start.
+        `TF_CONFIG`: `lowlevel.launch --script_cluster=tf_config`; every task's with
+        `--dynamic_workers`), at every start.
+      retiring: tasks asked to leave the job (`retire`: `lowlevel.ops.resize`).
     """
 
     def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0,
@@ -70,6 +72,7 @@ class Supervisor:
         self.restarts = {name: 0 for name in commands}
         self.events: list[tuple[float, str, str]] = []
         self.stopping = False
+        self.retiring: set[str] = set()  # tasks asked to leave the job (`retire`)
         self.progress = None  # the live progress line, when supervise shows one
         self._open: set[int] = set()  # pids whose output is still being read
         self._env = lifetime.child_env(dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -103,6 +106,29 @@ class Supervisor:
         self._open.add(proc.pid)
         self.events.append((time.time(), name, "started"))
         self._selector.register(read_fd, selectors.EVENT_READ, (name, proc.pid, bytearray()))
+
+    def add(self, name: str, command: list[str], env: Optional[dict] = None) -> None:
+        """Starts a new task `name` (a worker joining a `--dynamic_workers` job, or one of
+        that name that left, anew: its restarts start from 0)."""
+        self.commands[name], self.envs[name] = command, env or {}
+        self.restarts[name] = 0
+        if self.memory is not None and name not in self.memory.limits:
+            # the limit of the tasks of its role (--memory): a worker's, else the chief's
+            role = name.rstrip("0123456789")
+            same = sorted((n != CHIEF, n) for n in self.memory.limits
+                          if n.rstrip("0123456789") == role)
+            if same:
+                self.memory.limits[name] = self.memory.limits[same[-1][1]]
+        self.retiring.discard(name)
+        self._start(name)
+
+    def retire(self, name: str) -> None:
+        """Asks task `name` to leave the job (SIGTERM: it stops at a safe point); its end,
+        whatever its status, is then *finished*, never a restart or a failure."""
+        self.retiring.add(name)
+        proc = self.procs[name]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
 
     def next_line(self, timeout: float) -> Optional[tuple]:
         """(task name, pid, line) of the next line a task wrote, line None at the end of
@@ -143,6 +169,10 @@ class Supervisor:
             if code != 0 and self.memory is not None:
                 what += self.memory.ended(name)
             self.events.append((time.time(), name, what))
+            if name in self.retiring:
+                _write(f"launch: {name} left the job: {what}", self.progress, self.out)
+                finished.add(name)
+                continue
             decision = errors.decide(code, self.restarts[name], self.max_restarts,
                                          CHIEF in finished, self.stopping)
             if decision == FINISHED:
@@ -187,14 +217,16 @@ class Supervisor:
 
 
 def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
-              output_dir: Optional[str] = None, after_chief: tuple = ("ps",)) -> int:
+              output_dir: Optional[str] = None, after_chief: tuple = ("ps",),
+              resizer=None) -> int:
     """Relays output until every task has finished or one has failed; returns the exit status.
 
     With `progress` (a `Progress`), the chief's `progress` events in
     `output_dir` drive it. Once the chief has finished, tasks whose names start with one
     of `after_chief` and are all that is left are stopped after `PS_AFTER_CHIEF_SECS`
     (the ps tasks; a script's workers too: one restarted after the chief's end would
-    wait for the ps tasks that are gone).
+    wait for the ps tasks that are gone). `resizer` (`resize.Resizer`, with
+    `--dynamic_workers`) adds and retires workers between lines.
     """
     sup.progress = progress
     follower = events.Follower(output_dir) if progress is not None and output_dir else None
@@ -220,6 +252,8 @@ def supervise(sup: Supervisor, stop_timeout_secs: float, progress=None,
                 sup.stop(stop_timeout_secs)
         else:
             sup.check(finished)
+        if resizer is not None and failed is None:
+            resizer.apply(sup, finished, CHIEF)
         left = set(sup.procs) - finished
         if CHIEF in finished and left and all(n.startswith(after_chief) for n in left):
             # The run is over. A ps exits within a second of the chief's stop signal;

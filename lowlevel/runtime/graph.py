@@ -147,7 +147,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                       config.output_dir if task.is_chief else None,
                                       config.warmup_steps, config.batch_size * len(devices))
         run_hooks = session_hooks(config, mode, cluster, task, step, global_step, scaffold,
-                                  steps, progress, final_eval, preempted)
+                                  steps, progress, final_eval, preempted,
+                                  span_input=span_input)
     return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
                       run_hooks, progress, final_eval, examples_per_step, steps, saved,
                       optimizer_names, span_input)
@@ -387,7 +388,8 @@ def _variable_bytes(variables) -> int:
 
 
 def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, scaffold, steps,
-                  progress, final_eval, preempted, extra=(), may_end_early=False) -> list:
+                  progress, final_eval, preempted, extra=(), may_end_early=False,
+                  span_input=None) -> list:
     """The task's session hooks, in the order of the end-of-training protocol (`shutdown`).
 
     `extra`: a model_fn's own hooks, run with the training hooks (before the
@@ -407,6 +409,10 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
                                                    config.start_wait_secs, preempted))
     if step.elastic is not None:
         training.append(elastic_sync.TickHook(step.elastic))
+    if span_input is not None and cluster:  # after the ticks' end: no heartbeat after it
+        leave = step.elastic.leave() if step.elastic is not None else \
+            span_input.queue.release(span_input.worker)
+        training.append(hooks.LeaveHook(leave, preempted))
     elif mode.sync:
         # Model averaging starts without tokens: a worker's first exchange must
         # wait for the first average, not pull the model it started from.

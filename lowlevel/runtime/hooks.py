@@ -161,6 +161,34 @@ class CheckpointHook(v1.train.SessionRunHook):
                     path=os.path.basename(path), emergency=False)
 
 
+class LeaveHook(v1.train.SessionRunHook):
+    """A worker stopped by SIGTERM or SIGINT (`preempted` set: a resize, a preemption)
+    leaves the data queue at its end: `leave` (int32, the spans freed:
+    `spans.SpanQueue.release`, `elastic_sync.ElasticSync.leave` in sync) frees its span
+    for the next claim at once rather than after `--span_lease_secs` (60 s), and in sync
+    clears its heartbeat, so no step waits `--sync_live_secs` for it. Best effort: if ps 0
+    does not answer within `LEAVE_TIMEOUT_SECS`, the lease and the heartbeat's age do it."""
+
+    LEAVE_TIMEOUT_SECS = 10.0
+
+    def __init__(self, leave, preempted: threading.Event):
+        self._leave, self._preempted = leave, preempted
+
+    def end(self, session):
+        if not self._preempted.is_set():
+            return
+        options = v1.RunOptions(timeout_in_ms=int(self.LEAVE_TIMEOUT_SECS * 1000))
+        try:
+            freed = int(session.run(self._leave, options=options))
+        except tf.errors.OpError as e:
+            logging.warning("data queue: could not leave (%s); the span goes to another "
+                            "worker after --span_lease_secs", str(e).splitlines()[0])
+            return
+        logging.info("data queue: left (stopped by a signal): %d span(s) freed for the other "
+                     "workers", freed)
+        events.emit("left", None, spans_freed=freed)
+
+
 class SummaryHook(v1.train.SessionRunHook):
     """Writes the graph's merged summaries (of a training step) every `every_secs` seconds."""
 
