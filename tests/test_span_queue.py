@@ -45,8 +45,12 @@ class _Queue:
             self._check = self.queue.check(self.worker, where)
             self._commit = self.queue.commit(where)
             self._release = self.queue.release(self.worker)
+            self._enter = self.queue.enter(self.worker)
+            self._commit_by = self.queue.commit(where, self.worker)
+            self.pause, self.in_flight, self.resume = self.queue.gate_ops(60.0)
             self.sess = v1.Session(self._servers[1].target)
             self.sess.run(v1.global_variables_initializer())
+            self.sess.run(self.queue.local_init())
 
     def claim(self, worker, finished=-1, lines=0):
         """(span, first line, epoch); `self.taken_over`: whether the claim took it over."""
@@ -62,11 +66,39 @@ class _Queue:
         return bool(self.sess.run(self._commit, {self.span: span, self.first: first,
                                                  self.n: n}))
 
+    def enter(self, worker):
+        self.sess.run(self._enter, {self.worker: worker})
+
+    def commit_by(self, worker, span, first, n) -> bool:
+        return bool(self.sess.run(self._commit_by, {self.worker: worker, self.span: span,
+                                                    self.first: first, self.n: n}))
+
     def release(self, worker) -> int:
         return int(self.sess.run(self._release, {self.worker: worker}))
 
     def state(self, name):
         return self.sess.run(getattr(self.queue, name))
+
+
+@pytest.mark.timeout(60)
+def test_the_save_gate_holds_new_steps_and_waits_for_those_begun():
+    """Async consistent cut (`spans.SaveHold`): a step that began before the pause is in
+    flight until its commit; one that tries to begin during it is refused (nothing read)
+    and leaves no mark; a leaving worker's mark goes with it."""
+    q = _Queue(2, lease_secs=3600.0)
+    a, first, _ = q.claim(0)
+    q.enter(0)
+    q.enter(1)  # worker 1 began a step, and died (or left) before its commit
+    q.sess.run(q.pause)
+    assert list(q.sess.run(q.in_flight)) == [2, 0]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=spans.PAUSED):
+        q.enter(2)
+    assert list(q.sess.run(q.in_flight)) == [2, 0]  # the refused step left no mark
+    assert q.commit_by(0, a, first, 5)
+    assert q.release(1) == 0 and list(q.sess.run(q.in_flight)) == [0, 0]
+    q.sess.run(q.resume)
+    q.enter(2)
+    assert list(q.sess.run(q.in_flight)) == [1, 0]
 
 
 @pytest.mark.timeout(60)
@@ -212,6 +244,11 @@ def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill
     state, step = _assert_once_per_epoch(out, tmp_path / "train")
     assert step == TRAIN_STEPS
     assert "data queue: span" in text and not clusters.leftovers(out)
+    # every kept checkpoint is a consistent cut (async: the save gate, `spans.SaveHold`;
+    # sync: no step completes while one is written)
+    for path in tf.train.get_checkpoint_state(str(out)).all_model_checkpoint_paths:
+        kept, kept_step = _assert_once_per_epoch(out, tmp_path / "train", 0, path)
+        assert kept_step - 2 <= kept["committed_steps"] <= kept_step, (path, kept)
     if not sync:  # every step was trained from the queue; one a worker died in may not
         assert TRAIN_STEPS - 2 <= state["committed_steps"] <= TRAIN_STEPS, state  # commit
         return
@@ -220,10 +257,9 @@ def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill
     # while a dead worker's heartbeat was within --sync_live_secs, or it restarted)
     reader = tf.train.load_checkpoint(checkpoints.latest(str(out)))
     assert state["committed_steps"] == TRAIN_STEPS, state
-    # and every checkpoint is a consistent cut (no step completed while it was written)
     for path in tf.train.get_checkpoint_state(str(out)).all_model_checkpoint_paths:
-        state, step = _assert_once_per_epoch(out, tmp_path / "train", 0, path)
-        assert state["committed_steps"] == step, (path, state)
+        kept, kept_step = _assert_once_per_epoch(out, tmp_path / "train", 0, path)
+        assert kept["committed_steps"] == kept_step, (path, kept)
     aggregated = int(reader.get_tensor("sync_queue/aggregated"))
     assert 1.5 * TRAIN_STEPS <= aggregated <= 2 * TRAIN_STEPS, aggregated
 

@@ -72,6 +72,12 @@ from lowlevel import events
 
 FREE = -1
 SCOPE = "data_queue"
+MAX_WORKERS = 1024  # worker (replica) indices the step state has a slot for
+PAUSED = "lowlevel data_queue: paused for a checkpoint"  # the gate's refusal
+PAUSE_POLL_SECS = 0.01  # a refused worker's wait before it tries its step again
+# A step begun this long ago and not committed is taken for a dead worker's: a save
+# waits for it no longer (steps take milliseconds to a second here).
+STEP_STALE_SECS = 10.0
 WAIT_SECS = 0.5  # a worker's poll while every span is in flight elsewhere (workers > spans)
 MOVED_ON = "lowlevel data_queue: the span moved on"  # the check's failure message
 
@@ -152,11 +158,15 @@ class SpanQueue:
                 self.seen = var("seen", tf.zeros([sum(line_counts)], tf.int32))
                 starts = [0, *itertools.accumulate(line_counts)][:num_spans]
                 self.bases = tf.constant(starts, tf.int64)
-            self.pending = None
+            def step_var(name, value):  # not saved; set up by `local_init`
+                return v1.get_variable(name, initializer=value, trainable=False,
+                                       collections=[], use_resource=True)
+            self.pending, self.entered, self.paused_until = None, None, None
             if sync:
-                self.pending = v1.get_variable(
-                    "pending", initializer=tf.zeros([num_spans], tf.int64), trainable=False,
-                    collections=[], use_resource=True)
+                self.pending = step_var("pending", tf.zeros([num_spans], tf.int64))
+            else:  # the save gate (`enter`, `hold_for_save`): a consistent cut in async
+                self.entered = step_var("entered", tf.zeros([MAX_WORKERS], tf.float64))
+                self.paused_until = step_var("paused_until", tf.constant(0.0, tf.float64))
             self.lock = tf.CriticalSection(name="lock", shared_name=f"{SCOPE}_lock")
             self._spans = tf.range(num_spans, dtype=tf.int64)
 
@@ -213,6 +223,55 @@ class SpanQueue:
                              passes[chosen], tf.cast(tf.logical_and(ok, expired[chosen]),
                                                      tf.int64)])
 
+    def local_init(self):
+        """Op for every session's local init: the async save gate's state set where it has
+        none (a fresh ps 0), left alone otherwise (another worker's step in flight)."""
+        import tensorflow as tf
+        state = [v for v in (self.entered, self.paused_until) if v is not None]
+        # the assign made in the branch (one made outside would run every time)
+        return tf.group(*[tf.cond(v.is_initialized(), tf.no_op, lambda v=v: v.assign(
+            v.initial_value, read_value=False)) for v in state])
+
+    def enter(self, worker):
+        """Op (on ps 0), async: the step of `worker` (int) may begin; fails with `PAUSED`
+        while a checkpoint is written (nothing read or applied: the worker tries again).
+        It marks the worker's step as in flight first, then reads the pause, so a save
+        that set the pause either sees the mark and waits for the commit, or the step
+        sees the pause (Dekker's order; each op on the variables is atomic)."""
+        import tensorflow as tf
+        with tf.compat.v1.device(self.device):
+            mark = self.entered.scatter_update(at(worker, tf.timestamp()))
+            with tf.control_dependencies([mark]):
+                paused = self.paused_until.read_value() > tf.timestamp()
+
+            def back_off():
+                with tf.control_dependencies([self._leave_gate(worker)]):
+                    return tf.constant(False)
+
+            ok = tf.cond(paused, back_off, lambda: tf.constant(True))
+            return tf.debugging.Assert(ok, [PAUSED])
+
+    def _leave_gate(self, worker):
+        import tensorflow as tf
+        return self.entered.scatter_update(at(worker, tf.constant(0.0, tf.float64)))
+
+    def gate_ops(self, secs: float):
+        """(pause, in flight, resume) ops of `hold_for_save`: the pause ends by itself after
+        `secs` (a save's deadline), should the chief die before `resume`; in flight is
+        int32 [2]: steps begun within `STEP_STALE_SECS` and not committed, and those begun
+        earlier (taken for dead workers')."""
+        import tensorflow as tf
+        with tf.compat.v1.device(self.device):
+            pause = self.paused_until.assign(tf.timestamp() + secs, read_value=False)
+            age = tf.timestamp() - self.entered.read_value()
+            began = self.entered.read_value() > 0
+            in_flight = tf.stack([
+                tf.reduce_sum(tf.cast(tf.logical_and(began, age < STEP_STALE_SECS), tf.int32)),
+                tf.reduce_sum(tf.cast(tf.logical_and(began, age >= STEP_STALE_SECS),
+                                      tf.int32))])
+            resume = self.paused_until.assign(0.0, read_value=False)
+        return pause, in_flight, resume
+
     def release(self, worker):
         """Op (on ps 0): int32: how many spans `worker` (int32 scalar) held, now FREE. A
         worker that leaves (stopped by SIGTERM: a resize, a preemption) runs it, so its
@@ -227,7 +286,10 @@ class SpanQueue:
         import tensorflow as tf
         owner = self.owner.read_value()
         mine = tf.equal(owner, worker)
-        with tf.control_dependencies([self.owner.assign(tf.where(mine, FREE, owner))]):
+        writes = [self.owner.assign(tf.where(mine, FREE, owner))]
+        if self.entered is not None:  # no step of its in flight: a save need not wait
+            writes.append(self._leave_gate(worker))
+        with tf.control_dependencies(writes):
             return tf.reduce_sum(tf.cast(mine, tf.int32))
 
     def _order(self, passes):
@@ -249,11 +311,12 @@ class SpanQueue:
                                    tf.equal(self.offset.sparse_read(span), first))
             return tf.debugging.Assert(owned, [MOVED_ON, "span", span, "line", first])
 
-    def commit(self, where):
+    def commit(self, where, worker=None):
         """Op (on ps 0): the batch `where` (int64 [3]: span, first line, n lines) is in the
-        model. Build it under a control dependency on the step's update. Not under the
-        lock: the check before the step keeps two workers from committing the same lines
-        unless one froze between its check and its commit past its lease (counted)."""
+        model; `worker`'s (int) step is no longer in flight (the save gate). Build it under
+        a control dependency on the step's update. Not under the lock: the check before
+        the step keeps two workers from committing the same lines unless one froze between
+        its check and its commit past its lease (counted)."""
         import tensorflow as tf
         with tf.compat.v1.device(self.device):
             span, first, n = where[0], where[1], where[2]
@@ -271,7 +334,44 @@ class SpanQueue:
                     writes.append(self.seen.scatter_add(tf.IndexedSlices(
                         tf.fill([n], tf.cast(ok, tf.int32)), ids)))
             with tf.control_dependencies(writes):
+                done = [self._leave_gate(worker)] if self.entered is not None and \
+                    worker is not None else []
+            with tf.control_dependencies(writes + done):
                 return tf.identity(ok)
+
+
+class SaveHold:
+    """The async consistent cut: the chief's saver runs `before` (a callable of the
+    session) and `after` (an op) around each save (`checkpoints.StateSaver`). `before`
+    pauses the gate, then waits until no step that began is still to commit (polling every
+    `PAUSE_POLL_SECS`), so the model, the queue and `seen` are saved as of the same
+    steps; `after` lifts the pause. A step begun over `STEP_STALE_SECS` ago is taken for a
+    dead worker's and not waited for; a live step still running after that long is not
+    either, and the save says it may not be a consistent cut. `secs`: the save's deadline
+    (the pause ends by itself after it)."""
+
+    def __init__(self, queue: SpanQueue, secs: float):
+        self._pause, self._in_flight, self.after = queue.gate_ops(secs)
+        self._stale = 0
+
+    def before(self, sess) -> None:
+        sess.run(self._pause)
+        deadline = time.monotonic() + STEP_STALE_SECS
+        while True:
+            fresh, stale = (int(x) for x in sess.run(self._in_flight))
+            if fresh == 0:
+                break
+            if time.monotonic() > deadline:
+                logging.warning("checkpoint: %d step(s) still to commit after %.0f s; saving "
+                                "without them: this checkpoint may not be a consistent cut",
+                                fresh, STEP_STALE_SECS)
+                break
+            time.sleep(PAUSE_POLL_SECS)
+        if stale != self._stale:
+            logging.info("checkpoint: %d worker(s) began a step over %.0f s ago and never "
+                         "committed it (died mid-step); not waiting for them", stale,
+                         STEP_STALE_SECS)
+            self._stale = stale
 
 
 def at(index, value):
@@ -318,9 +418,13 @@ class SpanInput:
         self._current, self._session, self._retries, self._verified_at = -1, None, 0, -1
 
     def get_next(self):
-        """(features, labels) of the next batch (one call per graph)."""
+        """(features, labels) of the next batch (one call per graph). Async: read only
+        once the save gate lets the step begin (`SpanQueue.enter`), so a refused step has
+        taken nothing from the span."""
         import tensorflow as tf
-        batch, (first, n) = self._iterator.get_next()
+        gate = [] if self.queue.entered is None else [self.queue.enter(self.worker)]
+        with tf.control_dependencies(gate):
+            batch, (first, n) = self._iterator.get_next()
         self._where = tf.stack([self._span_var.read_value(), first, n])  # one transfer
         return batch
 
@@ -341,12 +445,18 @@ class SpanInput:
 
     def commit(self):
         """Op: the commit of this step's batch (build it after the update)."""
-        return self.queue.commit(self._where)
+        return self.queue.commit(self._where, self.worker)
 
     @staticmethod
     def ended(error) -> bool:
         """Whether `error` is the end of the span's file (not the last step's `CountUpTo`)."""
         return "End of sequence" in (getattr(error, "message", None) or str(error))
+
+    @staticmethod
+    def paused(error) -> bool:
+        """Whether `error` is the save gate's: a checkpoint is being written, nothing was
+        read or applied; try the step again after `PAUSE_POLL_SECS`."""
+        return PAUSED in (getattr(error, "message", None) or str(error))
 
     @staticmethod
     def moved_on(error) -> bool:

@@ -283,16 +283,18 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
 
 
 class StateSaver(v1.train.Saver):
-    """A `Saver` that first runs `before_save` (e.g. copying worker-local state to the ps),
-    and `after_save` once the save ended, written or not.
+    """A `Saver` that first runs `before_save` (an op, e.g. copying worker-local state to
+    the ps; or a callable of the session), and `after_save` once the save ended, written
+    or not.
 
     Sharded saves write large variables a slice at a time, without a full-size
     copy (`chunked_save.ChunkedSaverBuilder`, unless `builder` is given).
 
     The communication-reduced mode keeps its optimizer slots on each worker;
-    `before_save` copies the chief's to the variables this saver writes. Sync training
-    from the data queue pauses its steps' completion around a save (a consistent cut:
-    `lowlevel.modes.elastic_sync`).
+    `before_save` copies the chief's to the variables this saver writes. Training from
+    the data queue pauses around a save (a consistent cut): sync, its steps' completion
+    (`lowlevel.modes.elastic_sync`); async, the steps' start, once those begun have
+    committed (`lowlevel.data.spans.SaveHold`).
 
     `timeout_secs` (or `save(..., timeout_secs=T)`) gives each run of a save
     and of a restore a deadline of that many seconds instead of the session's
@@ -312,7 +314,9 @@ class StateSaver(v1.train.Saver):
         timeout_secs = timeout_secs or self.timeout_secs
         if timeout_secs is not None:
             sess = _WithDeadline(sess, timeout_secs)
-        if self._before_save is not None:
+        if callable(self._before_save):  # e.g. a wait (`spans.SaveHold.before`)
+            self._before_save(sess)
+        elif self._before_save is not None:
             sess.run(self._before_save)
         try:
             return super().save(sess, *args, **kwargs)

@@ -30,6 +30,7 @@ from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.errors import UsageError
 from lowlevel.data import images as data_lib
+from lowlevel.data import spans
 from lowlevel.models import catalogue as models
 from lowlevel.models.optimizers import make_optimizer
 from lowlevel.modes import elastic_sync, exact, fused_transfer, local_sgd, ps_products
@@ -136,7 +137,7 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                     evaluation.build(data, data.test, model_fn), skip=preempted)
         v1.summary.scalar("loss", step.loss)
         v1.summary.scalar("accuracy", step.accuracy)
-        iter_init, around_save = _elastic_state(config, step, iter_init)
+        iter_init, around_save = _elastic_state(config, step, iter_init, span_input)
         scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
                                                      iter_init, feed, around_save=around_save)
         examples_per_step = (config.batch_size * len(devices) *
@@ -154,16 +155,21 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                       optimizer_names, span_input)
 
 
-def _elastic_state(config: TrainConfig, step: Step, iter_init):
-    """(local init, (before, after) each save) with the data queue's sync: its step state
+def _elastic_state(config: TrainConfig, step: Step, iter_init, span_input=None):
+    """(local init, (before, after) each save) with the data queue: sync, its step state
     set up at local init and reset by a restore, its steps' completion paused while a
-    checkpoint is written (`elastic_sync`); else (iter_init, (None, None))."""
-    if step.elastic is None:
+    checkpoint is written (`elastic_sync`); async, the save gate set up at local init and
+    the steps' start paused once those begun have committed (`spans.SaveHold`); without
+    the queue (iter_init, (None, None))."""
+    if span_input is None and step.elastic is None:
         return iter_init, (None, None)
+    secs = hooks.save_timeout_secs(config.step_timeout_secs,
+                                   _variable_bytes(v1.global_variables()))
+    if step.elastic is None:
+        hold = spans.SaveHold(span_input.queue, secs)
+        return tf.group(iter_init, span_input.queue.local_init()), (hold.before, hold.after)
     v1.add_to_collection(checkpoints.EXTRA_SAVEABLES, elastic_sync.StepStateReset(step.elastic))
-    return (tf.group(iter_init, step.elastic.local_init()),
-            step.elastic.pause(hooks.save_timeout_secs(
-                config.step_timeout_secs, _variable_bytes(v1.global_variables()))))
+    return (tf.group(iter_init, step.elastic.local_init()), step.elastic.pause(secs))
 
 
 def _train_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Task,

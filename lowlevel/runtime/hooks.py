@@ -162,11 +162,13 @@ class CheckpointHook(v1.train.SessionRunHook):
 
 
 class LeaveHook(v1.train.SessionRunHook):
-    """A worker stopped by SIGTERM or SIGINT (`preempted` set: a resize, a preemption)
-    leaves the data queue at its end: `leave` (int32, the spans freed:
+    """A worker leaves the data queue at its loop's end: `leave` (int32, the spans freed:
     `spans.SpanQueue.release`, `elastic_sync.ElasticSync.leave` in sync) frees its span
-    for the next claim at once rather than after `--span_lease_secs` (60 s), and in sync
-    clears its heartbeat, so no step waits `--sync_live_secs` for it. Best effort: if ps 0
+    and clears its mark in the async save gate (a last step refused as the run ended
+    leaves one, which the final save would wait for) and its sync heartbeat. Stopped by
+    SIGTERM or SIGINT (`preempted` set: a resize, a preemption), that frees its span for
+    the next claim at once rather than after `--span_lease_secs` (60 s), and no sync step
+    waits `--sync_live_secs` for it: logged, with a `left` event. Best effort: if ps 0
     does not answer within `LEAVE_TIMEOUT_SECS`, the lease and the heartbeat's age do it."""
 
     LEAVE_TIMEOUT_SECS = 10.0
@@ -175,14 +177,15 @@ class LeaveHook(v1.train.SessionRunHook):
         self._leave, self._preempted = leave, preempted
 
     def end(self, session):
-        if not self._preempted.is_set():
-            return
         options = v1.RunOptions(timeout_in_ms=int(self.LEAVE_TIMEOUT_SECS * 1000))
         try:
             freed = int(session.run(self._leave, options=options))
         except tf.errors.OpError as e:
-            logging.warning("data queue: could not leave (%s); the span goes to another "
-                            "worker after --span_lease_secs", str(e).splitlines()[0])
+            if self._preempted.is_set():
+                logging.warning("data queue: could not leave (%s); the span goes to another "
+                                "worker after --span_lease_secs", str(e).splitlines()[0])
+            return
+        if not self._preempted.is_set():
             return
         logging.info("data queue: left (stopped by a signal): %d span(s) freed for the other "
                      "workers", freed)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import events
+from lowlevel.data import spans
 from lowlevel.errors import NoLiveSession, lost_session, step_refused
 from lowlevel.modes import local_sgd
 from lowlevel.runtime.faults import FaultWatch
@@ -176,13 +177,16 @@ def run(sess, g: TrainGraph, last_step: int, stop: threading.Event,
 
 def _next_span(sess, g: TrainGraph, step: StepRunner, error, stop: threading.Event,
                watch: Optional[FaultWatch], last_step: int) -> bool:
-    """After a step failed with `error`: with the data queue, claims the next span if the
-    span's file was read or its batch refused (`spans.SpanInput`), and returns whether the
-    loop goes on. `OutOfRangeError` of the last step: False. Any other error: raised.
+    """After a step failed with `error`: with the data queue, waits if a checkpoint
+    paused the steps, claims the next span if the span's file was read or its batch
+    refused (`spans.SpanInput`), and returns whether the loop goes on. `OutOfRangeError` of the last step: False. Any other error: raised.
 
     A worker that waits for a span (more workers than files) stops waiting when the
     run is stopped or the other workers have taken the last step."""
     span = g.span_input
+    if span is not None and span.paused(error):  # a checkpoint is being written
+        time.sleep(spans.PAUSE_POLL_SECS)
+        return not stop.is_set()
     if span is not None and (span.ended(error) or span.moved_on(error)):
         if span.moved_on(error):
             logging.info("data queue: batch refused (its span moved on); claiming again")
