@@ -16,17 +16,20 @@ steady  `--data_sharding=static` against `--data_sharding=queue`, 1 ps + 2 worke
         alternating, `--repeats` rounds: examples/s after warm-up (`benchmarks._runners`)
         and test AUC. What the queue costs when nothing fails (its check and commit on
         ps 0 each step, one file read at a time by each worker).
-churn   2 ps + 2 workers, `--data_sharding=queue --count_examples`, the launcher
-        restarting what dies (`--max_restarts=1`); at 25, 45 and 65 % of the steps,
-        SIGKILL of worker1, of ps1, of worker0 (the chief), in turn. From the tasks'
-        events (`lowlevel.events`):
+churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_workers`,
+        the launcher restarting what dies (`--max_restarts=1`); at 20, 35 and 50 % of
+        the steps, SIGKILL of worker1, of ps1, of worker0 (the chief), in turn; at 65 %
+        worker2 joins (`lowlevel.launch --resize=3`), at 85 % it leaves (`--resize=2`:
+        SIGTERM, it stops at a safe point and frees its span). From the tasks' events
+        (`lowlevel.events`):
           resume_secs    a kill to the first progress after it (a ps's kill: after the
                          sessions' recovery): the cluster training again, whoever trains
           rolled_back_steps  (a ps's kill) the global step at the kill less the step of
                          the checkpoint the chief restored (work done again)
-          rescale_secs   (a worker's kill) its new process's `started` to its first
-                         `progress`: a new worker's start to its first applied steps,
-                         within --log_every_secs (0.25 s)
+          rescale_secs   (a worker's kill, a join) its new process's `started` to its
+                         first `progress`: a new worker's start to its first applied
+                         steps, within --log_every_secs (0.25 s)
+          left_secs      (a leave) the resize request to the worker's `left` event
           churn_ratio    examples/s per live worker from the first kill to the end,
                          against the steady rate per worker before it (a worker is live
                          from its `session_ready`/`recovered` to its kill)
@@ -43,7 +46,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -75,7 +77,10 @@ flags.DEFINE_string("data_dir", None, "Use the files already in <data_dir>/train
                     "than memory, written once by python -m lowlevel.data.make_criteo).")
 flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")
 
-FAULTS = ((0.25, "worker1"), (0.45, "ps1"), (0.65, "worker0"))
+# (fraction of --churn_steps, what, task): SIGKILL a task; resize to 3 (worker2 joins)
+# and back to 2 (it leaves)
+SCHEDULE = ((0.2, "kill", "worker1"), (0.35, "kill", "ps1"), (0.5, "kill", "worker0"),
+            (0.65, "join", "worker2"), (0.85, "leave", "worker2"))
 
 
 def _data(out: str) -> list:
@@ -125,13 +130,28 @@ def steady(out: str, files: list) -> dict:
             "ratio": round(statistics.median(ratios), 3)}
 
 
-def _task(launcher: psutil.Process, name: str) -> psutil.Process:
-    job, index = re.match(r"(\D+)(\d+)$", name).groups()
-    for child in launcher.children():
-        argv = child.cmdline()
-        if f"--job_name={job}" in argv and f"--task_index={index}" in argv:
-            return child
-    raise RuntimeError(f"no live {name} among the launcher's children")
+def _task(launcher: psutil.Process, run_dir: str, name: str) -> psutil.Process:
+    """Task `name`'s live process: the pid of its last `started` event, a launcher's child
+    (with `--dynamic_workers` the tasks' argv do not name them)."""
+    pids = [r["pid"] for r in events.read_all(run_dir)
+            if r["task"] == name and r["event"] == "started"]
+    children = {c.pid: c for c in launcher.children()}
+    if not pids or pids[-1] not in children:
+        raise RuntimeError(f"no live {name} among the launcher's children")
+    return children[pids[-1]]
+
+
+def _act(proc, run_dir: str, what: str, name: str) -> None:
+    """One step of `SCHEDULE`: SIGKILL task `name`, or resize (a join: 3 workers; a leave:
+    2) through the launcher's `--resize`."""
+    if what == "kill":
+        _task(psutil.Process(proc.pid), run_dir, name).send_signal(signal.SIGKILL)
+        return
+    resized = subprocess.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={run_dir}",
+                              f"--resize={3 if what == 'join' else 2}"],
+                             capture_output=True, text=True, timeout=180)
+    if resized.returncode != 0:
+        raise RuntimeError(f"--resize: {resized.stdout}{resized.stderr}")
 
 
 def _progress(run_dir: str) -> list:
@@ -150,20 +170,21 @@ def churn(out: str, files: list) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", "--num_ps=2",
                              "--num_workers=2", "--no_isolation", f"--output_dir={run_dir}",
                              "--max_restarts=1", "--log_every_secs=0.25", "--count_examples",
-                             f"--train_steps={FLAGS.churn_steps}", *_common(files)],
-                            stdout=log, stderr=subprocess.STDOUT)
+                             "--dynamic_workers", f"--train_steps={FLAGS.churn_steps}",
+                             *_common(files)], stdout=log, stderr=subprocess.STDOUT)
     kills, deadline = [], time.monotonic() + FLAGS.timeout_secs
     try:
-        for at, name in FAULTS:
+        for at, what, name in SCHEDULE:
             while time.monotonic() < deadline and proc.poll() is None:
                 seen = _progress(run_dir)
                 if seen and seen[-1][1] >= at * FLAGS.churn_steps:
                     break
                 time.sleep(0.05)
             step = _progress(run_dir)[-1][1]
-            _task(psutil.Process(proc.pid), name).send_signal(signal.SIGKILL)
-            kills.append({"task": name, "unix_time": time.time(), "global_step": step})
-            print(f"churn: SIGKILL {name} at global step {step}", flush=True)
+            kills.append({"task": name, "what": what, "unix_time": time.time(),
+                          "global_step": step})
+            _act(proc, run_dir, what, name)
+            print(f"churn: {what} {name} at global step {step}", flush=True)
         code = proc.wait(max(1.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:
@@ -184,6 +205,10 @@ def _kill_figures(run_dir: str, kills: list) -> list:
     records, progress = events.read_all(run_dir), _progress(run_dir)
     for kill in kills:
         since = kill["unix_time"]
+        if kill["what"] == "leave":
+            left = [r["unix_time"] for r in records if r["task"] == kill["task"]
+                    and r["event"] == "left" and r["unix_time"] > since]
+            kill["left_secs"] = round(left[0] - since, 2) if left else None
         if kill["task"].startswith("ps"):  # steps resume once the sessions are recovered
             recovered = [r for r in records if r["event"] == "recovered"
                          and since < r["unix_time"] < since + 60]
@@ -193,7 +218,7 @@ def _kill_figures(run_dir: str, kills: list) -> list:
                 or [kill["global_step"]])
         after = [t for t, _ in progress if t > since]
         kill["resume_secs"] = round(after[0] - kill["unix_time"], 2) if after else None
-        if kill["task"].startswith("worker"):
+        if kill["task"].startswith("worker") and kill["what"] != "leave":
             started = [r["unix_time"] for r in records if r["task"] == kill["task"]
                        and r["event"] == "started" and r["unix_time"] > kill["unix_time"]]
             first = [r["unix_time"] for r in records if r["task"] == kill["task"]
@@ -209,7 +234,8 @@ def _live_worker_secs(records: list, since: float, until: float, kills: list) ->
     for name in sorted({r["task"] for r in records if r["task"].startswith("worker")}):
         starts = sorted(r["unix_time"] for r in records if r["task"] == name
                         and r["event"] in ("session_ready", "recovered"))
-        ends = sorted(k["unix_time"] for k in kills if k["task"] == name)
+        ends = sorted(k["unix_time"] for k in kills if k["task"] == name
+                      and k["what"] != "join")
         live_until = since  # the end of the intervals counted so far
         for start in starts:
             end = min([e for e in ends if e > start] or [until])

@@ -17,7 +17,7 @@ Every record has:
 and, per event (fields after the colon):
 
 - `started`: TensorFlow is imported; the task starts its server or graph:
-  `schedule` (str).
+  `schedule` (str), `pid` (int: the task's process, for tools that signal it).
 - `serving`: a ps waits for the chief's stop signal.
 - `session_ready`: a training task has its first session: `origin` (chief:
   "initialised", "restored" or "adopted"; worker: "ready"), `restored_step`

@@ -22,6 +22,13 @@ The state (span k of S; all int64 unless said):
     data_queue/seen (int32)      [L]  with --count_examples: how often each training line
                                       (file by file, in order) is in the model
 
+and, not saved (set up at every session's local init where ps 0 has none):
+
+    data_queue/entered (float64) [MAX_WORKERS]  async: when each worker's step in flight
+                                      began (0: none), for the save gate
+    data_queue/paused_until (float64) []  async: no step begins before this time
+    data_queue/pending           [S]  sync: lines accepted for the step under way
+
 The protocol, per worker (`SpanInput`, driven by the training loop):
 1. Claim (under one `tf.CriticalSection` on ps 0): the worker's own span in flight (a
    restarted worker resumes it), else, of the spans free or held by a worker that has
@@ -51,10 +58,20 @@ its step and before the commit leaves that part of the update in, and its lines 
 again: `global_step - committed_steps` (for steps trained from the queue) bounds those
 steps. Two workers that both passed the check for the same lines (one frozen past its
 lease between its check and its commit, the other taking the span over) apply them
-twice: counted in `duplicated_batches`. A checkpoint is written while the other
-workers train (each variable read at its own moment, a large `seen` in slices), so the
-steps committed during a save may be in the saved model, offsets and counts
-differently: a restore from it can apply their lines again (benchmarks/NOTES.md).
+twice: counted in `duplicated_batches`.
+
+Checkpoints are consistent cuts (`SaveHold`). A TF1 checkpoint is written while the
+other workers train, each variable read at its own moment (a large `seen` in slices), so
+a step applied during the save could be in the saved model, offsets and counts
+differently, and a restore apply its lines again (measured before the gate: 12 batches,
+benchmarks/NOTES.md). So each async step first passes a gate on ps 0 (`enter`, before
+its batch is read: it marks the step as in flight, then reads the pause; refused, the
+worker tries again `PAUSE_POLL_SECS` later with nothing read or applied), the commit
+clears the mark, and the chief's save pauses the gate and waits until no step that began
+is still to commit; in sync, the save pauses the steps' completion
+(`lowlevel.modes.elastic_sync`). A step begun over `STEP_STALE_SECS` ago and never
+committed is a dead worker's: the save does not wait for it (with several ps tasks its
+partial update may be in the model: the case above).
 """
 
 from __future__ import annotations

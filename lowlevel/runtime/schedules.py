@@ -13,6 +13,7 @@ Each returns the task's exit status (`lowlevel.errors`).
 from __future__ import annotations
 
 import json
+import os
 from typing import Optional
 
 from absl import logging
@@ -37,7 +38,7 @@ def run(schedule: str, config: TrainConfig, cluster: Optional[Cluster], task: Ta
         (an Estimator script's); True sets it per `verbose` (`import_tensorflow`).
     """
     import_tensorflow(verbose=verbose, set_logger=set_logger)
-    events.emit("started", None, schedule=schedule)
+    events.emit("started", None, schedule=schedule, pid=os.getpid())
     if schedule == config_lib.RUN_STD_SERVER:
         return serve(cluster, task, config)
     if task.job_name == EVALUATOR:
