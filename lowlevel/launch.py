@@ -28,6 +28,15 @@ SIGTERM should the launcher itself die, even by SIGKILL (Linux
 `PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.ops.lifetime`), so no
 orphan is left behind.
 
+A job whose workers come and go (file input through the data queue):
+
+    python -m lowlevel.launch --dynamic_workers --dataset=criteo_files --train_files=...
+    python -m lowlevel.launch --output_dir=DIR --resize=4     # from another shell
+
+Every task then gets the training operator's `sparseCluster` TF_CONFIG, and a resize
+starts or stops workers as the operator does for a TFJob's replicas
+(`lowlevel.ops.resize`; SIGTTIN / SIGTTOU to the launcher: one worker more / fewer).
+
 Your own TF1 program in place of the trainer:
 
     python -m lowlevel.launch --script=SCRIPT.py --num_workers=2 -- --last_step=1000
@@ -298,6 +307,9 @@ def _launch_trainer() -> int:
     """The trainer's cluster: checks its flags, starts and supervises its tasks."""
     extra = trainer_args()
     config = cli.config_from_flags(FLAGS.num_workers)  # fail here, once, not in every task
+    if FLAGS.dynamic_workers and not config.span_queue(True, config.sync):
+        raise UsageError("--dynamic_workers: workers join and leave through the data queue; "
+                         "use --dataset=criteo_files with --data_sharding=auto or queue")
     if config.dataset == "criteo_files":  # the globs match, the files read (first lines)
         from lowlevel.data import ctr_files
         ctr_files.check(config.train_files, config.eval_files)
@@ -305,9 +317,6 @@ def _launch_trainer() -> int:
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     output_layout.ensure_writable(output_dir)
-    if FLAGS.dynamic_workers and not config.span_queue(True, config.sync):
-        raise UsageError("--dynamic_workers: workers join and leave through the data queue; "
-                         "use --dataset=criteo_files with --data_sharding=auto or queue")
     where = _confine() if not FLAGS.no_isolation else "on localhost"
     envs, resizer = {}, None
     if FLAGS.dynamic_workers:

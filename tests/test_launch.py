@@ -58,6 +58,9 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     (["--num_workers=2", "--sync", "--replicas_to_aggregate=3"], "expected 1 to 2"),
     (["--memory=2GB"], "'2GB' is not a memory quantity"),
     (["--memory=ps=1Gi,master=2Gi"], "roles ps, worker, chief, evaluator"),
+    (["--dynamic_workers"], "--dynamic_workers: workers join and leave through the data "
+                            "queue; use --dataset=criteo_files"),
+    (["--resize=0"], "--resize=0: a job needs at least 1 worker"),
 ])
 def test_launcher_usage_errors_start_nothing(tmp_path, flags, needle):
     result = _launch(tmp_path / "never", *flags, timeout=50)

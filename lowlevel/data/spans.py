@@ -243,11 +243,8 @@ class SpanQueue:
     def local_init(self):
         """Op for every session's local init: the async save gate's state set where it has
         none (a fresh ps 0), left alone otherwise (another worker's step in flight)."""
-        import tensorflow as tf
-        state = [v for v in (self.entered, self.paused_until) if v is not None]
-        # the assign made in the branch (one made outside would run every time)
-        return tf.group(*[tf.cond(v.is_initialized(), tf.no_op, lambda v=v: v.assign(
-            v.initial_value, read_value=False)) for v in state])
+        return initialize_missing([v for v in (self.entered, self.paused_until)
+                                   if v is not None])
 
     def enter(self, worker):
         """Op (on ps 0), async: the step of `worker` (int) may begin; fails with `PAUSED`
@@ -389,6 +386,17 @@ class SaveHold:
                          "committed it (died mid-step); not waiting for them", stale,
                          STEP_STALE_SECS)
             self._stale = stale
+
+
+def initialize_missing(variables):
+    """Op: each of `variables` (not saved, on a ps) set to its initial value where it has
+    none (a fresh ps), left alone where it has one (state another worker is using)."""
+    import tensorflow as tf
+    # The assign is made in the branch: a branch returning `v.initializer`, an op made
+    # outside it, would run it every time (and drop the state every worker's session start
+    # found: seen as 60 s stalls in sync, benchmarks/NOTES.md).
+    return tf.group(*[tf.cond(v.is_initialized(), tf.no_op, lambda v=v: v.assign(
+        v.initial_value, read_value=False)) for v in variables])
 
 
 def at(index, value):

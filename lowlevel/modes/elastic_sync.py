@@ -56,7 +56,7 @@ v1 = tf.compat.v1
 SCOPE = "sync_queue"
 NEVER_STALE = 1 << 62  # the accumulators' local_step: the lock, not they, decides staleness
 MAX_ENTRIES = 4096  # pushes one step may accept (a worker may push twice in a step: see 4.)
-MAX_WORKERS = 1024  # worker (replica) indices with a heartbeat
+MAX_WORKERS = spans.MAX_WORKERS  # worker (replica) indices with a heartbeat
 TICK_SECS = 1.0  # a worker's heartbeat, and its check for a step whose workers left
 
 
@@ -273,11 +273,7 @@ class ElasticSync:
     def local_init(self):
         """Op for every session's local init: the step state's initial values where they
         have none (a fresh ps 0); an initialised state is left alone (a step under way)."""
-        # The assign is made in the branch: a branch returning `v.initializer`, an op made
-        # outside it, would run it every time (and drop the step under way at every
-        # worker's session start, stranding the workers waiting on it: seen, 60 s stalls).
-        return tf.group(*[tf.cond(v.is_initialized(), tf.no_op, lambda v=v: v.assign(
-            v.initial_value, read_value=False)) for v in self._state])
+        return spans.initialize_missing(self._state)
 
     def reset(self):
         """Op: the step under way dropped (the restore's; see `StepStateReset`); the workers

@@ -415,10 +415,6 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
                                                    config.start_wait_secs, preempted))
     if step.elastic is not None:
         training.append(elastic_sync.TickHook(step.elastic))
-    if span_input is not None and cluster:  # after the ticks' end: no heartbeat after it
-        leave = step.elastic.leave() if step.elastic is not None else \
-            span_input.queue.release(span_input.worker)
-        training.append(hooks.LeaveHook(leave, preempted))
     elif mode.sync:
         # Model averaging starts without tokens: a worker's first exchange must
         # wait for the first average, not pull the model it started from.
@@ -426,6 +422,10 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
             step.sync_optimizer, task.is_chief, global_step, config.train_steps,
             config.sync_timeout_secs, lambda: probes.silent_sync_peers(cluster),
             num_tokens=0 if mode.local else -1))
+    if span_input is not None and cluster:  # after the ticks' end: no heartbeat after it
+        leave = step.elastic.leave() if step.elastic is not None else \
+            span_input.queue.release(span_input.worker)
+        training.append(hooks.LeaveHook(leave, preempted))
     checkpoint = None
     if task.is_chief and config.output_dir:
         state_bytes = _variable_bytes(v1.global_variables())
