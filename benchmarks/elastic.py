@@ -4,6 +4,7 @@
     python -m benchmarks.elastic --repeats=1 --skip_steady
     python -m benchmarks.elastic --skip_steady --data_dir=/data/criteo --churn_steps=24000
     python -m benchmarks.elastic --sync               # the same in sync training
+    python -m benchmarks.elastic --sync --skip_churn  # the steady rounds only
 
 wide_deep on Criteo-layout files with a planted signal (written first, `--rows` lines in
 `--files` files, by `lowlevel.data.criteo`), every task a process on this machine
@@ -64,6 +65,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("repeats", 2, "Steady rounds (each runs both sides).")
 flags.DEFINE_bool("sync", False, "Sync training (every run): see the module doc.")
 flags.DEFINE_bool("skip_steady", False, "Run the churn run only.")
+flags.DEFINE_bool("skip_churn", False, "Run the steady rounds only.")
 flags.DEFINE_integer("rows", 400_000, "Training lines written (and 20,000 test lines).")
 flags.DEFINE_integer("files", 16, "Training files: the queue's spans.")
 flags.DEFINE_integer("batch_size", 256, "Examples per worker step.")
@@ -288,7 +290,8 @@ def main(argv) -> None:
     out = FLAGS.out or tempfile.mkdtemp(prefix="elastic_bench_")
     files = _data(out)
     results = {} if FLAGS.skip_steady else {"steady": steady(out, files)}
-    results["churn"] = churn(out, files)
+    if not FLAGS.skip_churn:
+        results["churn"] = churn(out, files)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(json.dumps(results))
