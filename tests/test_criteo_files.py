@@ -74,6 +74,62 @@ def test_workers_shares_cover_every_line_once_per_epoch(tmp_path, num_files):
     assert sorted(shares[0] + shares[1]) == sorted(whole)
 
 
+def _all(ds) -> list:
+    """Every element of `ds` (built in a new graph by the caller), read in a session."""
+    v1 = tf.compat.v1
+    nxt = v1.data.make_one_shot_iterator(ds).get_next()
+    out = []
+    with v1.Session() as sess:
+        while True:
+            try:
+                out.append(sess.run(nxt))
+            except tf.errors.OutOfRangeError:
+                return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("chunk", [7, 64, criteo.CHUNK_BYTES])
+def test_lines_from_a_byte_read_as_text_line_dataset_does(tmp_path, monkeypatch, chunk):
+    """`criteo.lines_from` (chunks of `CHUNK_BYTES` from a byte, split at newlines): the
+    lines `TextLineDataset` gives, across chunk edges, with CRLF, empty lines and a last
+    line without a newline; each line's end is the byte after its newline."""
+    monkeypatch.setattr(criteo, "CHUNK_BYTES", chunk)
+    text = b"ab\tc\r\n\nline three\nx" * 9 + b"\n\nend\r\nno newline"
+    path = tmp_path / "f.tsv"
+    path.write_bytes(text)
+    with tf.Graph().as_default():
+        expected = _all(tf.data.TextLineDataset(str(path)))
+    starts = [0] + [i + 1 for i, c in enumerate(text) if c == ord("\n")]
+    for line in (0, 1, 5, len(expected) - 1):
+        with tf.Graph().as_default():
+            got = _all(criteo.lines_from(str(path), starts[line], len(text)))
+        assert [x for x, _ in got] == expected[line:], line
+        assert [e for _, e in got] == starts[line + 1:] + [len(text)], line
+
+
+@pytest.mark.timeout(60)
+def test_a_span_resumed_from_its_hint_reads_what_a_read_from_line_0_does(tmp_path):
+    """The data queue's resume hint (`start`: a line and its byte) changes where a span is
+    read from, not what is read: the batches from line 150 are the same either way, and
+    each batch's end byte is where its next line begins."""
+    path = criteo.write_files(str(tmp_path), 400, num_files=1, seed=3)[0]
+    with open(path, "rb") as f:
+        starts = [0, *np.cumsum([len(line) for line in f])]
+
+    def batches(start):
+        with tf.Graph().as_default():
+            got = _all(criteo.span_batches(tf.constant([path]), tf.constant(150, tf.int64),
+                                           tf.constant(start, tf.int64), 64, SIZES, 1000))
+        for (_, _), (first, n, end) in got:
+            assert end == starts[first + n]
+        return [(f["dense"].tobytes(), labels.tobytes(), first, n)
+                for (f, labels), (first, n, _) in got]
+
+    whole = batches([0, 0, int(starts[-1])])
+    assert [b[2] for b in whole] == [150, 214, 278, 342] and whole[-1][3] == 58
+    assert batches([120, int(starts[120]), int(starts[-1])]) == whole
+
+
 def _with_bad_line(tmp_path, line_number: int, bad: str):
     paths = criteo.write_files(str(tmp_path), 200, num_files=1, seed=1)
     with open(paths[0]) as f:

@@ -182,3 +182,21 @@ def test_tasks_within_their_limits_finish_and_their_peaks_are_reported(tmp_path)
     assert "launch: all 3 tasks exited 0" in result.stdout
     assert _launcher_cgroups() == before
     assert not clusters.leftovers(out)
+
+
+@pytest.mark.timeout(30)
+def test_an_unreadable_resize_request_is_said_and_the_worker_count_kept(tmp_path):
+    """`--resize` writes its request and sends SIGHUP; a request the launcher cannot read
+    (hand-edited, half-written) is one line from the launcher's loop, not a silent no-op."""
+    from lowlevel.ops import resize
+    said = []
+    resizer = resize.Resizer(str(tmp_path), 2, new_worker=None, say=said.append)
+    (tmp_path / resize.REQUEST_FILE).write_text("{not json")
+    resizer._read_request()  # what the SIGHUP handler runs
+    assert said == []  # nothing printed inside the handler
+
+    class Running:  # the supervisor's state that `apply` reads before reconciling
+        stopping, procs = False, {}
+    resizer.apply(Running(), finished=set(), chief="worker0")
+    assert len(said) == 1 and "unreadable" in said[0] and "keeping 2 worker(s)" in said[0], said
+    assert resizer.target == 2

@@ -168,6 +168,12 @@ def test_sigkill_of_a_task_is_survived(tmp_path, target):
         assert ready and ready[0]["global_step"] >= FAULT_AT, launch.events(task=target)
         if target == "worker0":
             assert ready[0]["origin"] == "adopted", ready
+            # The adopted model is not saved at once (it delays the first step); the next
+            # save comes with the cadence.
+            saved = launch.events("checkpoint_saved", "worker0", since=fault_time)
+            assert saved and saved[0]["global_step"] >= ready[0]["global_step"] + \
+                CHECKPOINT_EVERY // 2, (ready, saved)
+            assert "not saving the state at step" in launch.text(since=launch.fault_mono)
 
 
 @pytest.mark.timeout(300)

@@ -8,6 +8,7 @@ fresh one and says so; where the queue does not apply, one line."""
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -41,7 +42,9 @@ class _Queue:
             self.worker, self.span = p(tf.int32, []), p(tf.int32, [])
             self.first, self.n = p(tf.int64, []), p(tf.int64, [])
             self._claim = self.queue.claim(self.worker, self.span, self.n)
-            where = tf.stack([tf.cast(self.span, tf.int64), self.first, self.n])
+            # the end byte: 10 bytes a line (the resume hint's)
+            where = tf.stack([tf.cast(self.span, tf.int64), self.first, self.n,
+                              (self.first + self.n) * 10])
             self._check = self.queue.check(self.worker, where)
             self._commit = self.queue.commit(where)
             self._release = self.queue.release(self.worker)
@@ -53,10 +56,11 @@ class _Queue:
             self.sess.run(self.queue.local_init())
 
     def claim(self, worker, finished=-1, lines=0):
-        """(span, first line, epoch); `self.taken_over`: whether the claim took it over."""
-        *claimed, taken_over = (int(x) for x in self.sess.run(self._claim, {
+        """(span, first line, epoch); `self.taken_over`: whether the claim took it over;
+        `self.hint`: the span's resume hint (line, byte)."""
+        *claimed, taken_over, line, byte = (int(x) for x in self.sess.run(self._claim, {
             self.worker: worker, self.span: finished, self.n: lines}))
-        self.taken_over = bool(taken_over)
+        self.taken_over, self.hint = bool(taken_over), (line, byte)
         return tuple(claimed)
 
     def check(self, worker, span, first):
@@ -111,6 +115,7 @@ def test_a_leaving_workers_span_is_freed_at_once_and_resumes_where_the_model_is(
     assert q.release(0) == 1 and q.release(0) == 0  # worker 1's is kept
     assert q.state("owner")[a] == spans.FREE and q.state("owner")[b] == 1
     assert q.claim(2) == (a, 7, 0) and not q.taken_over  # from its committed lines on
+    assert q.hint == (7, 70)  # line 7 begins at byte 70: read from there
 
 
 @pytest.mark.timeout(60)
@@ -152,6 +157,8 @@ def test_spans_go_by_fewest_passes_and_a_dead_workers_span_is_resumed_or_taken_o
     # two commits of the same lines (both past the check): the second is counted
     assert q.commit(b, 7, 2) and not q.commit(b, 7, 2)
     assert q.state("duplicated")[()] == 2 and q.state("committed")[()] == 7
+    # a refused commit leaves the resume hint at the last batch that went in
+    assert not q.commit(b, 2, 1) and q.claim(3) == (b, 9, 0) and q.hint == (9, 90)
 
 
 def test_line_counts_are_kept_by_size_and_mtime_and_counted_again_when_a_file_changes(
@@ -457,3 +464,37 @@ def test_more_workers_than_files_the_one_left_waiting_ends_with_the_others(tmp_p
     assert result.returncode == 0, text[-4000:]
     assert "every span is being read by another worker" in text, text[-4000:]
     assert clusters.final_metrics(out)["global_step"] == 300
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_chief_killed_mid_save_leaves_no_pause_behind(tmp_path):
+    """The async save gate stays closed until its save's deadline (110 s for a 1 GB state)
+    should the chief die mid-save; the restarted chief's session lifts it
+    (`StateSaver.lift`), so the workers train on once it is back, not at the deadline.
+    The dead chief's pause is made here: SIGKILL, then the gate closed for 1,000 s."""
+    from test_recovery import TRAIN_STEPS, Launch
+    files = _make(tmp_path, files=4, rows=8000)
+    out = tmp_path / "run"
+    launch = Launch(out, "--num_ps=1", "--num_workers=2", "--no_isolation", "--model=wide_deep",
+                    "--dataset=criteo_files", "--batch_size=64", *files)
+    try:
+        launch.wait_for_step(300, 150)
+        ps0 = re.search(r"ps0: server listening on (\S+) ", launch.text()).group(1)
+        killed = time.time()
+        launch.task("worker0").send_signal(signal.SIGKILL)
+        with tf.Graph().as_default(), v1.device("/job:ps/task:0"):
+            paused = v1.get_variable(f"{spans.SCOPE}/paused_until", dtype=tf.float64,
+                                     shape=[], use_resource=True, collections=[])
+            with v1.Session(f"grpc://{ps0}") as sess:
+                sess.run(paused.assign(tf.timestamp() + 1000.0))
+        procs = {"launcher": launch.proc}
+        _wait_for(lambda: launch.events("session_ready", "worker0", killed), 120, procs)
+        ready = launch.events("session_ready", "worker0", killed)[0]["unix_time"]
+        _wait_for(lambda: launch.events("progress", None, ready), 30, procs)  # not 1,000 s
+        code = launch.finish(240)
+    finally:
+        launch.kill()
+    assert code == 0, launch.text()[-5000:]
+    assert clusters.final_metrics(out)["global_step"] == TRAIN_STEPS
+    assert not clusters.leftovers(out)

@@ -207,9 +207,9 @@ def dataset(files: Sequence[str], batch_size: int, field_sizes: Sequence[int],
             ds = ds.shard(num_shards, shard)
         first = shard + 1 if by_line else 1  # the file line of this reader's first line
         return ds.batch(batch_size).enumerate().map(
-            lambda i, lines: (name, first + i * batch_size * stride, lines))
+            _plain(lambda i, lines: (name, first + i * batch_size * stride, lines)))
 
-    ds = names.interleave(batches, cycle_length=min(4, len(files)),
+    ds = names.interleave(_plain(batches), cycle_length=min(4, len(files)),
                           num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=shuffle_seed is None)
     if shuffle_seed is not None:
@@ -221,28 +221,81 @@ def dataset(files: Sequence[str], batch_size: int, field_sizes: Sequence[int],
     return ds.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
 
-def span_batches(file, skip, batch_size: int, field_sizes: Sequence[int], hash_buckets: int,
-                 compression: str = "", skip_bad_lines: bool = False):
+def span_batches(file, skip, start, batch_size: int, field_sizes: Sequence[int],
+                 hash_buckets: int, compression: str = "", skip_bad_lines: bool = False):
     """The batches of one span (`spans.SpanInput`): string [k] `file` (k = 0: none) read in
     order from line `skip` (int64 scalar, 0-based) to its end, the last batch partial.
 
+    `start` (int64 [3]): (line, byte, size): line `line` (<= `skip`) of the file begins at
+    byte `byte` (the queue's resume hint; (0, 0) knows nothing), and the file has `size`
+    bytes. An uncompressed file is read from that byte (`lines_from`), so a worker
+    resuming a span deep in a large file does not read every line before it (1.3 s per
+    million lines here; a Criteo day has 45 million). A gzip file is read from its start.
+
     Returns:
-      A `tf.data.Dataset` of ((features, labels), (first, n)): the batch's first line
-      (0-based, int64) and its lines read (int64; with `skip_bad_lines` the bad ones count).
+      A `tf.data.Dataset` of ((features, labels), (first, n, end)): the batch's first line
+      (0-based, int64), its lines read (int64; with `skip_bad_lines` the bad ones count)
+      and the byte after its last line (int64; -1 for gzip): the next resume hint.
     """
     import tensorflow as tf
     parse = _parser(tuple(field_sizes), hash_buckets, 1, skip_bad_lines)
 
     def batches(name):
-        lines = tf.data.TextLineDataset(name, compression_type=compression).skip(skip)
+        if compression:  # no seeking: no end bytes
+            lines = tf.data.Dataset.zip((
+                tf.data.TextLineDataset(name, compression_type=compression),
+                tf.data.Dataset.from_tensors(tf.constant(-1, tf.int64)).repeat())).skip(skip)
+        else:
+            lines = lines_from(name, start[1], start[2]).skip(skip - start[0])
         return lines.batch(batch_size).enumerate().map(
-            lambda i, batch: (name, skip + i * batch_size, batch))
+            _plain(lambda i, batch: (name, skip + i * batch_size, batch[0], batch[1][-1])))
 
-    def parsed(name, first, lines):
-        return parse(name, first + 1, lines), (first, tf.size(lines, out_type=tf.int64))
+    def parsed(name, first, lines, end):
+        return parse(name, first + 1, lines), (first, tf.size(lines, out_type=tf.int64), end)
 
-    ds = tf.data.Dataset.from_tensor_slices(file).flat_map(batches)
-    return ds.map(parsed, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    ds = tf.data.Dataset.from_tensor_slices(file).flat_map(_plain(batches))
+    return ds.map(_plain(parsed), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+        tf.data.AUTOTUNE)
+
+
+CHUNK_BYTES = 1 << 20  # `lines_from` reads this much at a time
+
+
+def lines_from(name, byte, size):
+    """The lines of the uncompressed file `name` (string scalar) of `size` bytes, from byte
+    `byte` (a line's start; both int64) to its end, as `tf.data.TextLineDataset` gives
+    them (no newline, a carriage return before it dropped, a last line without one kept),
+    each with the byte after its newline (int64): a `tf.data.Dataset` of (line, end).
+
+    Read `CHUNK_BYTES` at a time (`FixedLengthRecordDataset` from `byte`, the remainder
+    as one short record, so no byte before `byte` is read), split at newlines, each
+    chunk's unfinished last line carried to the next.
+    """
+    import tensorflow as tf
+    byte, size = tf.cast(byte, tf.int64), tf.cast(size, tf.int64)
+    rest = tf.math.floormod(size - byte, CHUNK_BYTES)
+    body = tf.data.FixedLengthRecordDataset(name, CHUNK_BYTES, header_bytes=byte,
+                                            footer_bytes=rest)
+    short = tf.maximum(rest, 1)
+    tail = tf.data.FixedLengthRecordDataset(name, short, header_bytes=tf.maximum(
+        size - short, 0)).take(tf.cast(rest > 0, tf.int64))
+    chunks = body.concatenate(tail).map(_plain(lambda c: (c, False))).concatenate(
+        tf.data.Dataset.from_tensors((tf.constant(""), True)))
+
+    def split(state, chunk):
+        carry, at = state
+        text, last = chunk
+        parts = tf.strings.split(carry + text, "\n")
+        whole = parts[:-1]
+        lengths = tf.cast(tf.strings.length(whole), tf.int64) + 1  # bytes, with the newline
+        ends = at + tf.cumsum(lengths)
+        n_last = tf.cast(tf.logical_and(last, tf.strings.length(parts[-1]) > 0), tf.int32)
+        lines = tf.concat([whole, parts[-1:][:n_last]], 0)  # the last line, at the end
+        ends = tf.concat([ends, tf.fill([n_last], size)], 0)
+        lines = tf.strings.regex_replace(lines, "\r$", "")
+        return (parts[-1], at + tf.reduce_sum(lengths)), (lines, ends)
+
+    return chunks.scan((tf.constant(""), byte), _plain(split)).unbatch()
 
 
 # A well-formed line: the label, 13 integers (or empty), 26 hex hashes (or empty).
@@ -266,7 +319,16 @@ def _parser(field_sizes: tuple, hash_buckets: int, stride: int, skip_bad_lines: 
                 lines = tf.identity(lines)
         return _features(lines, field_sizes, hash_buckets)
 
-    return parse
+    return _plain(parse)
+
+
+def _plain(fn):
+    """`fn` for `tf.data` as written: not converted by AutoGraph, which transpiles each
+    function's Python source at graph build (the reader's functions have no Python
+    control flow on tensors): ~20 % of a worker's graph build, measured with py-spy
+    (benchmarks/NOTES.md), on the restart and join path."""
+    import tensorflow as tf
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _features(lines, field_sizes: tuple, hash_buckets: int):

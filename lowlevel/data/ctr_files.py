@@ -75,9 +75,9 @@ class CtrFileSet:
         counts = spans.line_counts(files, line_counts_cache) if count_examples else None
         queue = spans.SpanQueue(len(files), device, lease_secs, seed, counts, sync)
         compression = "GZIP" if files[0].endswith(".gz") else ""
-        return spans.SpanInput(queue, files, worker, lambda file, skip: criteo.span_batches(
-            file, skip, batch_size, self.field_sizes, self.hash_buckets, compression,
-            self.train.skip_bad_lines))
+        return spans.SpanInput(queue, files, worker, lambda file, skip, start: (
+            criteo.span_batches(file, skip, start, batch_size, self.field_sizes,
+                                self.hash_buckets, compression, self.train.skip_bad_lines)))
 
     def eval_input(self, split: FileSplit, batch_size: int = 1000):
         """`split` once, in order, as `ctr.eval_input` gives it."""

@@ -28,6 +28,11 @@ and, not saved (set up at every session's local init where ps 0 has none):
                                       began (0: none), for the save gate
     data_queue/paused_until (float64) []  async: no step begins before this time
     data_queue/pending           [S]  sync: lines accepted for the step under way
+    data_queue/resume_at         [S, 2]  a line of span k and the byte it begins at (the
+                                      last batch committed, or accepted in sync: its end),
+                                      so a claim resumes an uncompressed file by seeking
+                                      instead of reading every line before `offset`
+                                      ((0, 0) where unknown: after a ps 0 restart)
 
 The protocol, per worker (`SpanInput`, driven by the training loop):
 1. Claim (under one `tf.CriticalSection` on ps 0): the worker's own span in flight (a
@@ -179,6 +184,7 @@ class SpanQueue:
                 return v1.get_variable(name, initializer=value, trainable=False,
                                        collections=[], use_resource=True)
             self.pending, self.entered, self.paused_until = None, None, None
+            self.resume_at = step_var("resume_at", tf.zeros([num_spans, 2], tf.int64))
             if sync:
                 self.pending = step_var("pending", tf.zeros([num_spans], tf.int64))
             else:  # the save gate (`enter`, `hold_for_save`): a consistent cut in async
@@ -188,9 +194,9 @@ class SpanQueue:
             self._spans = tf.range(num_spans, dtype=tf.int64)
 
     def claim(self, worker, finished, finished_lines):
-        """Op (on ps 0): int64 [4]: span or -1 (every span in flight elsewhere: wait), its
-        first unread line, its passes so far (this pass's epoch), and 1 if it was taken
-        over from a worker past its lease (else 0).
+        """Op (on ps 0): int64 [6]: span or -1 (every span in flight elsewhere: wait), its
+        first unread line, its passes so far (this pass's epoch), 1 if it was taken
+        over from a worker past its lease (else 0), and its `resume_at` (a line, its byte).
 
         `worker`: int32 scalar; `finished`: int32 span the worker read to its end, or -1;
         `finished_lines`: int64 lines it read of it (the pass completes if `offset` reached
@@ -236,15 +242,17 @@ class SpanQueue:
         with tf.control_dependencies(writes):
             # sync: a span resumes after the lines accepted for the step under way
             resume = offset if self.pending is None else offset + self.pending.read_value()
-            return tf.stack([tf.where(ok, chosen, -1), tf.where(ok, resume[chosen], 0),
-                             passes[chosen], tf.cast(tf.logical_and(ok, expired[chosen]),
-                                                     tf.int64)])
+            return tf.concat([tf.stack([
+                tf.where(ok, chosen, -1), tf.where(ok, resume[chosen], 0), passes[chosen],
+                tf.cast(tf.logical_and(ok, expired[chosen]), tf.int64)]),
+                self.resume_at.sparse_read(chosen)], 0)
 
     def local_init(self):
-        """Op for every session's local init: the async save gate's state set where it has
-        none (a fresh ps 0), left alone otherwise (another worker's step in flight)."""
-        return initialize_missing([v for v in (self.entered, self.paused_until)
-                                   if v is not None])
+        """Op for every session's local init: the async save gate's state and `resume_at`
+        set where they have none (a fresh ps 0), left alone otherwise (another worker's
+        step in flight)."""
+        return initialize_missing([v for v in (self.entered, self.paused_until,
+                                               self.resume_at) if v is not None])
 
     def enter(self, worker):
         """Op (on ps 0), async: the step of `worker` (int) may begin; fails with `PAUSED`
@@ -316,8 +324,8 @@ class SpanQueue:
 
     def check(self, worker, where):
         """Op (on ps 0) that fails with `MOVED_ON` unless `worker` (int32) owns the span of
-        `where` (int64 [3]: span, first line, lines) and the model holds exactly its lines
-        before `first`."""
+        `where` (int64 [4]: span, first line, lines, end byte) and the model holds exactly
+        its lines before `first`."""
         import tensorflow as tf
         with tf.compat.v1.device(self.device):
             span, first = where[0], where[1]
@@ -326,8 +334,9 @@ class SpanQueue:
             return tf.debugging.Assert(owned, [MOVED_ON, "span", span, "line", first])
 
     def commit(self, where, worker=None):
-        """Op (on ps 0): the batch `where` (int64 [3]: span, first line, n lines) is in the
-        model; `worker`'s (int) step is no longer in flight (the save gate). Build it under
+        """Op (on ps 0): the batch `where` (int64 [4]: span, first line, n lines, the byte
+        after them or -1) is in the model (its end becomes the span's `resume_at`);
+        `worker`'s (int) step is no longer in flight (the save gate). Build it under
         a control dependency on the step's update. Not under the lock: the check before
         the step keeps two workers from committing the same lines unless one froze between
         its check and its commit past its lease (counted)."""
@@ -342,7 +351,8 @@ class SpanQueue:
                     self.lease.scatter_update(tf.IndexedSlices(
                         tf.reshape(tf.timestamp(), [1]), tf.reshape(span, [1]))),
                     self.committed.assign_add(1),
-                    self.duplicated.assign_add(1 - tf.cast(ok, tf.int64))]
+                    self.duplicated.assign_add(1 - tf.cast(ok, tf.int64)),
+                    self.resumes_after(where, ok)]
                 if self.seen is not None:
                     ids = tf.gather(self.bases, span) + first + tf.range(n)
                     writes.append(self.seen.scatter_add(tf.IndexedSlices(
@@ -352,6 +362,16 @@ class SpanQueue:
                     worker is not None else []
             with tf.control_dependencies(writes + done):
                 return tf.identity(ok)
+
+    def resumes_after(self, where, ok):
+        """Op: if `ok` (bool) and the batch `where` (int64 [4]) has an end byte, its end
+        (first + n, end) is its span's `resume_at`."""
+        import tensorflow as tf
+        span = where[0]
+        new = tf.logical_and(ok, where[3] >= 0)
+        row = tf.where(new, tf.stack([where[1] + where[2], where[3]]),
+                       self.resume_at.sparse_read(span))
+        return self.resume_at.scatter_update(tf.IndexedSlices(row[None], span[None]))
 
 
 class SaveHold:
@@ -416,15 +436,20 @@ class SpanInput:
     """
 
     def __init__(self, queue: SpanQueue, files: Sequence[str], worker: int, dataset_fn):
-        """`dataset_fn(files, skip)`: the batches (((features, labels), (first, n))) of
-        string [k] `files` (0 or 1) from line `skip` (int64) on."""
+        """`dataset_fn(files, skip, start)`: the batches (((features, labels), (first, n,
+        end))) of string [k] `files` (0 or 1) from line `skip` (int64) on; `start` is
+        int64 [3] (line <= skip, the byte it begins at, the file's bytes): where an
+        uncompressed file may be read from (`criteo.span_batches`)."""
         import tensorflow as tf
         v1 = tf.compat.v1
         self.queue, self.files, self.worker = queue, list(files), worker
         self._file = v1.placeholder_with_default(tf.zeros([0], tf.string), [None])
         self._skip = v1.placeholder_with_default(tf.constant(0, tf.int64), [])
         self._span = v1.placeholder_with_default(tf.constant(-1, tf.int64), [])
-        self._iterator = v1.data.make_initializable_iterator(dataset_fn(self._file, self._skip))
+        self._start_at = v1.placeholder_with_default(tf.zeros([3], tf.int64), [3])
+        self._sizes = [os.path.getsize(f) for f in self.files]
+        self._iterator = v1.data.make_initializable_iterator(
+            dataset_fn(self._file, self._skip, self._start_at))
         self.initializer = self._iterator.initializer
         with v1.device(None):
             self._read = v1.get_variable(  # lines of this span read so far (this worker)
@@ -449,13 +474,13 @@ class SpanInput:
         import tensorflow as tf
         gate = [] if self.queue.entered is None else [self.queue.enter(self.worker)]
         with tf.control_dependencies(gate):
-            batch, (first, n) = self._iterator.get_next()
-        self._where = tf.stack([self._span_var.read_value(), first, n])  # one transfer
+            batch, (first, n, end) = self._iterator.get_next()
+        self._where = tf.stack([self._span_var.read_value(), first, n, end])  # one transfer
         return batch
 
     def marked(self):
-        """int64 [3]: the batch's (span, first line, lines), after this worker's count of the
-        span's lines read (the claim's `finished_lines`) is updated."""
+        """int64 [4]: the batch's (span, first line, lines, end byte), after this worker's
+        count of the span's lines read (the claim's `finished_lines`) is updated."""
         import tensorflow as tf
         with tf.control_dependencies([self._read.assign(self._where[1] + self._where[2])]):
             self._where = tf.identity(self._where)  # the commit's too: sent once
@@ -507,13 +532,13 @@ class SpanInput:
                 self._verified_at, self._retries = lines, retries
                 self._point(run, finished, lines)
                 return True
-        span, skip, epoch, taken_over = self._claim_next(run, finished, lines, stopping)
+        span, skip, epoch, taken_over, *hint = self._claim_next(run, finished, lines, stopping)
         # epoch: the passes over this span before this one
         if span < 0:
             return False
         self._current, self._session, self._retries = span, session, retries
         self._verified_at = -1
-        self._point(run, span, skip)
+        self._point(run, span, skip, hint)
         logging.info("data queue: span %d (%s) from line %d, epoch %d%s", span,
                      self.files[span], skip + 1, epoch, " (taken over: its worker had not "
                      "committed a step for --span_lease_secs)" if taken_over else "")
@@ -521,12 +546,16 @@ class SpanInput:
                     taken_over=bool(taken_over))
         return True
 
-    def _point(self, run, span: int, skip: int) -> None:
-        run(self._start, {self._file: [self.files[span]], self._skip: skip, self._span: span})
+    def _point(self, run, span: int, skip: int, hint=(0, 0)) -> None:
+        """Points the iterator at line `skip` of `span`; `hint` (a line, its byte: the
+        queue's `resume_at`) is where reading begins if it is not past `skip`."""
+        line, byte = hint if 0 <= hint[0] <= skip and hint[1] >= 0 else (0, 0)
+        run(self._start, {self._file: [self.files[span]], self._skip: skip, self._span: span,
+                          self._start_at: [line, byte, self._sizes[span]]})
 
     def _claim_next(self, run, finished: int, lines: int, stopping):
-        """(span, first unread line, epoch, taken over) claimed; span -1 if `stopping()`
-        while waiting."""
+        """(span, first unread line, epoch, taken over, resume line, its byte) claimed;
+        span -1 if `stopping()` while waiting."""
         waiting = False
         while True:
             claimed = [int(x) for x in run(self._claim, {

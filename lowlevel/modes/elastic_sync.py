@@ -103,7 +103,8 @@ class ElasticSync:
                                        name="tokens")
             # the mutex of the queue's lock (`spans.SpanQueue.lock`), by its shared name
             self._mutex = tf.raw_ops.MutexV2(shared_name=f"{spans.SCOPE}_lock")
-        self._state = [self.accepted, self.beat, self.paused_until, queue.pending]
+        self._state = [self.accepted, self.beat, self.paused_until, queue.pending,
+                       queue.resume_at]
         self._accumulators = [_accumulator(g, v) for g, v in self._pairs]
 
     def push(self):
@@ -174,6 +175,7 @@ class ElasticSync:
         now = tf.timestamp()
         with tf.control_dependencies(applies):
             writes = [q.pending.scatter_add(spans.at(span, n * ok64)),
+                      q.resumes_after(where, ok),
                       self.accepted.assign_add(ok64),
                       self.beat.scatter_update(spans.at(self.worker, now)),
                       q.lease.scatter_update(spans.at(span, tf.where(

@@ -89,6 +89,7 @@ class Resizer:
         self.output_dir, self.target, self._new_worker, self._say = \
             output_dir, num_workers, new_worker, say
         self._asked = False
+        self._unreadable = None  # why the last SIGHUP's request could not be read
         self._leaving: dict[str, float] = {}  # name: monotonic deadline of its SIGTERM
         self._over = False
 
@@ -109,8 +110,9 @@ class Resizer:
             with open(os.path.join(self.output_dir, REQUEST_FILE)) as f:
                 self.target = max(1, int(json.load(f)["num_workers"]))
             self._asked = True
-        except (OSError, ValueError, KeyError, TypeError):
-            self._asked = True  # reported in apply, where printing is safe
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._unreadable = f"{type(e).__name__}: {e}"  # printed in apply (not in a
+            # signal handler, which may interrupt a print)
 
     def apply(self, sup, finished: set, chief: str) -> None:
         """Reconciles `sup`'s workers with the target (see the module doc): starts the
@@ -130,6 +132,10 @@ class Resizer:
                 self._say(f"launch: {name} still running {LEAVE_GRACE_SECS:.0f} s after "
                           "SIGTERM; killing it")
                 proc.kill()
+        if self._unreadable:
+            self._say(f"launch: resize request {os.path.join(self.output_dir, REQUEST_FILE)} "
+                      f"unreadable ({self._unreadable}); keeping {self.target} worker(s)")
+            self._unreadable = None
         if not self._asked:
             return
         self._asked = False

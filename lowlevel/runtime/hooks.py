@@ -66,7 +66,11 @@ class CheckpointHook(v1.train.SessionRunHook):
 
     Writes `graph.pbtxt` and the graph summary when the first session is
     created, and saves the state it starts from (as the stock hook does)
-    unless the model's variables hold more than `INITIAL_SAVE_MAX_BYTES`:
+    unless it is the ps tasks' live model, newer than the newest checkpoint (a
+    restarted chief adopted it, `sessions.ChiefSessionCreator`: the save, 3.5 s
+    of a 1 GB state, would delay its first step and, with the data queue, pause
+    every worker; the cadence saves it), or the model's variables hold more than
+    `INITIAL_SAVE_MAX_BYTES`:
     that state is the checkpoint just restored, or the deterministic initial
     one (tables start lazily, `embeddings`; the built-in models' initialisers
     are seeded), and at 100 M rows its 13.6 GB save took longer than the
@@ -113,6 +117,8 @@ class CheckpointHook(v1.train.SessionRunHook):
         self._global_step = v1.train.get_global_step()
 
     def after_create_session(self, session, coord):
+        if isinstance(self._saver, checkpoints.StateSaver):  # a dead chief's save's pause
+            self._saver.lift(session)
         step = int(session.run(self._global_step))
         self._steps.value = step
         if self._first_session:
@@ -124,7 +130,14 @@ class CheckpointHook(v1.train.SessionRunHook):
                                   "graph.pbtxt")
                 v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
             self._graph_writes.run(write_graph, self._output_dir)
-            if self._state_bytes <= INITIAL_SAVE_MAX_BYTES:
+            newest = max((int(s) for s in (p.rpartition("-")[2] for p in
+                          checkpoints.all_checkpoints(self._output_dir)) if s.isdigit()),
+                         default=None)
+            if newest is not None and step > newest:
+                logging.info("not saving the state at step %d: the ps tasks' live model, newer "
+                             "than checkpoint %d (a restarted chief adopted it); the next "
+                             "checkpoint comes with the cadence", step, newest)
+            elif self._state_bytes <= INITIAL_SAVE_MAX_BYTES:
                 self._save(session, step)
             else:
                 logging.info("not saving the state at step %d (%.1f GB, above %.1f GB: restored "
