@@ -346,9 +346,11 @@ def test_a_worker_joins_and_another_leaves_a_running_job_and_every_line_is_in_on
         procs["worker1"].kill()  # leaves, right after it claimed a span
         left, killed, at_kill = _claims(out, "worker1")[-1], time.time(), _step(out)
         # no step waits for it longer than its heartbeat's limit (sync), with room for
-        # the step in flight and the progress line's interval
+        # the step in flight and the progress line's interval. A few steps, not a rate:
+        # on a loaded machine the chief's timed save (pausing sync steps' completion) fell
+        # in this window once, and steps crawled at 0.4 a second (CI, 2026-11-29).
         others = {n: p for n, p in procs.items() if n != "worker1"}
-        _wait_for(lambda: _step(out) > at_kill + 10, 25, others)
+        _wait_for(lambda: _step(out) > at_kill + 3, 25, others)
         statuses = clusters.wait_all(others, 240)
     finally:
         for proc in procs.values():
