@@ -1,6 +1,6 @@
 """The data queue under churn: what a kill costs, and whether every example is in once.
 
-    python -m benchmarks.elastic                      # ~6 min on 2 idle cores
+    python -m benchmarks.elastic                      # ~9 min on 2 idle cores
     python -m benchmarks.elastic --repeats=1 --skip_steady
     python -m benchmarks.elastic --skip_steady --data_dir=/data/criteo --churn_steps=24000
     python -m benchmarks.elastic --sync               # the same in sync training
@@ -21,7 +21,8 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
         the launcher restarting what dies (`--max_restarts=1`); at 20, 35 and 50 % of
         the steps, SIGKILL of worker1, of ps1, of worker0 (the chief), in turn; at 65 %
         worker2 joins (`lowlevel.launch --resize=3`), at 85 % it leaves (`--resize=2`:
-        SIGTERM, it stops at a safe point and frees its span). From the tasks' events
+        SIGTERM, it stops at a safe point and frees its span). Each point is moved on by
+        `--kill_phase` of a checkpoint interval (default half: mid-interval). From the tasks' events
         (`lowlevel.events`):
           resume_secs    a kill to the first progress after it (a ps's kill: after the
                          sessions' recovery): the cluster training again, whoever trains
@@ -30,10 +31,20 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
           rescale_secs   (a worker's kill, a join) its new process's `started` to its
                          first `progress`: a new worker's start to its first applied
                          steps, within --log_every_secs (0.25 s)
+          rescale_cpu_secs  the CPU its new process had spent by then (the `progress`
+                         event's `cpu_secs`; a forked task counts from its fork): what
+                         the rescale costs apart from the cores it shares
           left_secs      (a leave) the resize request to the worker's `left` event
           churn_ratio    examples/s per live worker from the first kill to the end,
-                         against the steady rate per worker before it (a worker is live
-                         from its `session_ready`/`recovered` to its kill)
+                         against the reference run's examples/s per worker over the same
+                         steps (from 20 % to the end) (a worker is live from its
+                         `session_ready`/`recovered` to its kill). The reference is the
+                         same launch with nothing killed or resized, run beside it
+                         (`--churn_rounds` pairs, the order alternating; the summary's
+                         `churn_ratio` is the median of the rounds')
+          churn_ratio_in_run  the same against the churn run's own rate before its
+                         first kill (steps 200 to 20 %: a short window, early in the
+                         files; information)
         and from the final checkpoint (`data_queue/seen`, one count per line):
           lost / duplicated   lines counted fewer / more times than their span's
                               passes say (`lowlevel.data.spans`)
@@ -47,6 +58,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -77,6 +89,15 @@ flags.DEFINE_string("out", None, "Directory for the data, runs and results.json.
 flags.DEFINE_string("data_dir", None, "Use the files already in <data_dir>/train (*.tsv) and "
                     "<data_dir>/test instead of writing --rows lines (e.g. a file set larger "
                     "than memory, written once by python -m lowlevel.data.make_criteo).")
+flags.DEFINE_integer("churn_rounds", 1, "Churn runs, each with its reference run (the order "
+                     "alternating).")
+flags.DEFINE_bool("churn_reference", True, "Run each churn run's reference: the same run with "
+                  "nothing killed or resized (churn_ratio's denominator).")
+flags.DEFINE_float("kill_phase", 0.5, "Where in a checkpoint interval the schedule acts "
+                   "(fraction of --checkpoint_steps after a save: 0.5, mid-interval, a ps's kill "
+                   "rolls back half an interval, the mean of a kill at a random time; 0, as a "
+                   "save begins, the worst case: a ps's kill cuts the save and rolls back a whole "
+                   "interval).")
 flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")
 
 # (fraction of --churn_steps, what, task): SIGKILL a task; resize to 3 (worker2 joins)
@@ -143,6 +164,13 @@ def _task(launcher: psutil.Process, run_dir: str, name: str) -> psutil.Process:
     return children[pids[-1]]
 
 
+def _point(at: float) -> float:
+    """The global step at which a `SCHEDULE` entry acts: `at` of --churn_steps, moved on by
+    --kill_phase of a checkpoint interval (the schedule's fractions of 20,000 or 4,000
+    steps are multiples of the interval: unmoved, every kill falls as a save begins)."""
+    return at * FLAGS.churn_steps + FLAGS.kill_phase * FLAGS.checkpoint_steps
+
+
 def _act(proc, run_dir: str, what: str, name: str) -> None:
     """One step of `SCHEDULE`: SIGKILL task `name`, or resize (a join: 3 workers; a leave:
     2) through the launcher's `--resize`."""
@@ -162,13 +190,40 @@ def _progress(run_dir: str) -> list:
 
 
 def churn(out: str, files: list) -> dict:
-    """The churn run: kills on schedule, then the figures of the module doc."""
+    """`--churn_rounds` rounds of the churn run and its reference (the same run, nothing
+    killed or resized), the order alternating; each round's figures (module doc) and the
+    median of its churn_ratio."""
     from lowlevel.data import spans
-    run_dir = os.path.join(out, "churn", "out")
+    counts = os.path.join(out, "line_counts.json")
+    # the files' lines counted once, before any clock starts (`--count_examples` reads them)
+    spans.line_counts(_train_paths(files), counts)
+    rounds = []
+    for i in range(FLAGS.churn_rounds):
+        runs = {}
+        for side in (("reference", "churn") if i % 2 == 0 else ("churn", "reference")):
+            if side == "churn" or FLAGS.churn_reference:
+                runs[side] = _churn_run(os.path.join(out, f"{side}_r{i}"), files, counts,
+                                        SCHEDULE if side == "churn" else ())
+        figures = runs["churn"]
+        if "reference" in runs:
+            figures["reference_per_worker"] = runs["reference"]["per_worker"]
+            figures["churn_ratio"] = round(
+                figures["churn_per_live_worker"] / figures["reference_per_worker"], 3)
+        rounds.append(figures)
+        print(f"churn round {i}: " + json.dumps({k: v for k, v in figures.items()
+                                                  if k != "kills"}), flush=True)
+    ratios = [r["churn_ratio"] for r in rounds if "churn_ratio" in r]
+    return {"rounds": rounds, **({"churn_ratio": round(statistics.median(ratios), 3)}
+                                  if ratios else {})}
+
+
+def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
+    """One 2 ps + 2 worker run of `--churn_steps`, `schedule` acted on as the global step
+    passes each point (the reference: none; its `kills` are those points, for `_rates`)."""
+    run_dir = os.path.join(workdir, "out")
     os.makedirs(run_dir, exist_ok=True)
-    # the files' lines counted before the clock starts (`--count_examples` reads them)
-    spans.line_counts(_train_paths(files), os.path.join(run_dir, "line_counts.json"))
-    log = open(os.path.join(out, "churn", "launch.log"), "w")
+    shutil.copy(counts, os.path.join(run_dir, "line_counts.json"))
+    log = open(os.path.join(workdir, "launch.log"), "w")
     proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", "--num_ps=2",
                              "--num_workers=2", "--no_isolation", f"--output_dir={run_dir}",
                              "--max_restarts=1", "--log_every_secs=0.25", "--count_examples",
@@ -176,17 +231,18 @@ def churn(out: str, files: list) -> dict:
                              *_common(files)], stdout=log, stderr=subprocess.STDOUT)
     kills, deadline = [], time.monotonic() + FLAGS.timeout_secs
     try:
-        for at, what, name in SCHEDULE:
+        for at, what, name in schedule or ((SCHEDULE[0][0], "none", "-"),):
             while time.monotonic() < deadline and proc.poll() is None:
                 seen = _progress(run_dir)
-                if seen and seen[-1][1] >= at * FLAGS.churn_steps:
+                if seen and seen[-1][1] >= _point(at):
                     break
                 time.sleep(0.05)
             step = _progress(run_dir)[-1][1]
             kills.append({"task": name, "what": what, "unix_time": time.time(),
                           "global_step": step})
-            _act(proc, run_dir, what, name)
-            print(f"churn: {what} {name} at global step {step}", flush=True)
+            if schedule:
+                _act(proc, run_dir, what, name)
+                print(f"churn: {what} {name} at global step {step}", flush=True)
         code = proc.wait(max(1.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:
@@ -196,10 +252,10 @@ def churn(out: str, files: list) -> dict:
             proc.wait()
         log.close()
     if code != 0:
-        raise SystemExit(f"churn run: the launcher exited {code}; see {log.name}")
-    counts = _counts(run_dir, files)
-    return {"kills": _kill_figures(run_dir, kills),
-            **_rates(run_dir, kills, counts.get("batches_per_step", 1.0)), **counts}
+        raise SystemExit(f"{workdir}: the launcher exited {code}; see {log.name}")
+    counted = _counts(run_dir, files)
+    return {"kills": _kill_figures(run_dir, kills) if schedule else [],
+            **_rates(run_dir, kills, counted.get("batches_per_step", 1.0)), **counted}
 
 
 def _kill_figures(run_dir: str, kills: list) -> list:
@@ -223,9 +279,11 @@ def _kill_figures(run_dir: str, kills: list) -> list:
         if kill["task"].startswith("worker") and kill["what"] != "leave":
             started = [r["unix_time"] for r in records if r["task"] == kill["task"]
                        and r["event"] == "started" and r["unix_time"] > kill["unix_time"]]
-            first = [r["unix_time"] for r in records if r["task"] == kill["task"]
+            first = [r for r in records if r["task"] == kill["task"]
                      and r["event"] == "progress" and started and r["unix_time"] > started[0]]
-            kill["rescale_secs"] = round(first[0] - started[0], 2) if first else None
+            kill["rescale_secs"] = (round(first[0]["unix_time"] - started[0], 2)
+                                    if first else None)
+            kill["rescale_cpu_secs"] = first[0].get("cpu_secs") if first else None
     return kills
 
 
@@ -248,7 +306,8 @@ def _live_worker_secs(records: list, since: float, until: float, kills: list) ->
 
 
 def _rates(run_dir: str, kills: list, per_step: float = 1.0) -> dict:
-    """Steady examples/s per worker before the first kill; per live worker after it.
+    """Examples/s per worker before the first kill (2 workers); from it to the end, per
+    worker (`per_worker`: the reference run, 2 workers throughout) and per live worker.
     `per_step`: worker batches a global step applies (async 1; sync: `_counts`')."""
     records, progress = events.read_all(run_dir), _progress(run_dir)
     first_kill = kills[0]["unix_time"]
@@ -257,9 +316,11 @@ def _rates(run_dir: str, kills: list, per_step: float = 1.0) -> dict:
     batch = FLAGS.batch_size * per_step
     steady = (before[-1][1] - before[0][1]) * batch / (before[-1][0] - before[0][0]) / 2
     examples = (after[-1][1] - kills[0]["global_step"]) * batch
+    per_worker = examples / (after[-1][0] - first_kill) / 2
     per_live = examples / _live_worker_secs(records, first_kill, after[-1][0], kills)
-    return {"steady_per_worker": round(steady, 1), "churn_per_live_worker": round(per_live, 1),
-            "churn_ratio": round(per_live / steady, 3)}
+    return {"steady_per_worker": round(steady, 1), "per_worker": round(per_worker, 1),
+            "churn_per_live_worker": round(per_live, 1),
+            "churn_ratio_in_run": round(per_live / steady, 3)}
 
 
 def _counts(run_dir: str, files: list) -> dict:

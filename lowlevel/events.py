@@ -12,7 +12,10 @@ Every record has:
 - `task`: the task's name ("worker1", "ps0");
 - `unix_time`: when it happened, Unix seconds (float, this machine's clock);
 - `global_step`: the global step then (int), or null where the task does not
-  know it (a ps; a worker before its session).
+  know it (a ps; a worker before its session);
+- `cpu_secs`: the task's process's CPU time so far (float seconds, user + system, all
+  its threads: `time.process_time()`); a task the launcher forked counts from its
+  fork, one started as its own program includes its TensorFlow import.
 
 and, per event (fields after the colon):
 
@@ -126,7 +129,8 @@ def emit(event: str, global_step: Optional[int] = None, **fields) -> None:
         if _sink is None:
             return
         record = {"event": event, "task": _sink["task"], "unix_time": round(time.time(), 6),
-                  "global_step": None if global_step is None else int(global_step), **fields}
+                  "global_step": None if global_step is None else int(global_step),
+                  "cpu_secs": round(time.process_time(), 3), **fields}
         try:
             os.write(_sink["fd"], (json.dumps(record) + "\n").encode())
         except OSError as e:

@@ -20,8 +20,9 @@ def _write(output_dir, index):
 def test_records_carry_the_common_fields(tmp_path):
     events.open_log(str(tmp_path), "ps3")
     try:
-        before = time.time()
+        before, cpu = time.time(), time.process_time()
         events.emit("serving")
+        sum(i * i for i in range(300_000))  # some CPU between the two records
         events.emit("progress", 7, loss=0.5)
         records = events.read(output_layout.events_file(str(tmp_path), "ps3"))
     finally:
@@ -30,6 +31,9 @@ def test_records_carry_the_common_fields(tmp_path):
     assert all(r["task"] == "ps3" and before <= r["unix_time"] <= time.time() for r in records)
     assert records[0]["global_step"] is None and records[1]["global_step"] == 7
     assert records[1]["loss"] == 0.5
+    # cpu_secs is rounded to 1 ms, either way
+    assert cpu - 0.001 <= records[0]["cpu_secs"] < records[1]["cpu_secs"] \
+        <= time.process_time() + 0.001
 
 
 def test_emit_without_a_log_does_nothing(tmp_path):

@@ -474,7 +474,9 @@ def test_a_chief_killed_mid_save_leaves_no_pause_behind(tmp_path):
     """The async save gate stays closed until its save's deadline (110 s for a 1 GB state)
     should the chief die mid-save; the restarted chief's session lifts it
     (`StateSaver.lift`), so the workers train on once it is back, not at the deadline.
-    The dead chief's pause is made here: SIGKILL, then the gate closed for 1,000 s."""
+    The dead chief's pause is made here: SIGKILL, then the gate closed for 1,000 s; so are
+    the files its cut save left (`model.ckpt-1_temp/`), which the new chief's next save
+    removes (`storage.CheckpointSaves`)."""
     from test_recovery import TRAIN_STEPS, Launch
     files = _make(tmp_path, files=4, rows=8000)
     out = tmp_path / "run"
@@ -485,6 +487,9 @@ def test_a_chief_killed_mid_save_leaves_no_pause_behind(tmp_path):
         ps0 = re.search(r"ps0: server listening on (\S+) ", launch.text()).group(1)
         killed = time.time()
         launch.task("worker0").send_signal(signal.SIGKILL)
+        cut = out / "model.ckpt-1_temp"  # what a save the kill cut short leaves
+        cut.mkdir()
+        (cut / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 4096)
         with tf.Graph().as_default(), v1.device("/job:ps/task:0"):
             paused = v1.get_variable(f"{spans.SCOPE}/paused_until", dtype=tf.float64,
                                      shape=[], use_resource=True, collections=[])
@@ -499,4 +504,6 @@ def test_a_chief_killed_mid_save_leaves_no_pause_behind(tmp_path):
         launch.kill()
     assert code == 0, launch.text()[-5000:]
     assert clusters.final_metrics(out)["global_step"] == TRAIN_STEPS
+    assert not cut.exists(), "the restarted chief's saves left a cut save's files"
+    assert "left by a save that a killed task cut short" in launch.text()
     assert not clusters.leftovers(out)

@@ -178,6 +178,20 @@ def test_remove_partial_removes_only_temporary_files(tmp_path):
     assert os.listdir(tmp_path) == ["model.ckpt-7.index"]
 
 
+def test_a_save_that_works_removes_what_a_cut_save_left(tmp_path, caplog):
+    """A chief or ps killed mid-save leaves `model.ckpt-N_temp/`; nothing of the run writes it
+    again, and the next save that works removes it (a failed one keeps the last good)."""
+    cut = tmp_path / "model.ckpt-40_temp"
+    cut.mkdir()
+    (cut / "part-00001-of-00002.data-00000-of-00001").write_bytes(b"\0" * 1024)
+    saves = storage.CheckpointSaves(str(tmp_path), max_failures=3)
+    with caplog.at_level("INFO"):
+        path = saves.save(lambda: str(tmp_path / "model.ckpt-80"), step=80)
+    assert path == str(tmp_path / "model.ckpt-80")
+    assert not cut.exists()
+    assert "model.ckpt-40_temp" in caplog.text and "cut short" in caplog.text
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("model", [[], ["--model=wide_deep", "--dataset=synthetic_ctr",

@@ -71,6 +71,13 @@ def all_checkpoints(checkpoint_dir: Optional[str]) -> list[str]:
     return [p if os.path.isabs(p) else os.path.join(checkpoint_dir, p) for p in paths]
 
 
+def step_of(path: str) -> Optional[int]:
+    """The global step in a checkpoint's name ("dir/model.ckpt-1200" -> 1200; the step
+    `Saver.save(global_step=...)` appends), or None for a name without one."""
+    tail = path.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else None
+
+
 WHOLE_READ_MAX_BYTES = 64 << 20  # `read_step` reads tensors up to this size
 
 

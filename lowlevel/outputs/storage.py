@@ -89,7 +89,8 @@ def remove_partial(output_dir: str, prefix: str = output_layout.CHECKPOINT_PREFI
 
 
 class CheckpointSaves:
-    """Runs the chief's checkpoint saves, turning a failure into a line, an event and a retry.
+    """Runs the chief's checkpoint saves, turning a failure into a line, an event and a retry;
+    a save that works also removes what an earlier save cut short left (`remove_partial`).
 
     Args:
       output_dir: the `--output_dir` checkpoints go to.
@@ -119,6 +120,12 @@ class CheckpointSaves:
             logging.info("checkpoint saves work again in %s (%s after %d failed)",
                          self.output_dir, os.path.basename(path), self.failures)
         self.failures, self.last_failed = 0, False
+        # A save cut short by a kill (the chief's, or a ps's mid-save) left its temporary
+        # files; no process of this run writes them any more once a later save is done.
+        leftovers = remove_partial(self.output_dir)
+        if leftovers:
+            logging.info("removed %s from %s: left by a save that a killed task cut short",
+                         ", ".join(leftovers), self.output_dir)
         return path
 
     def _failed(self, error: BaseException, step: int, final: bool) -> None:

@@ -130,9 +130,8 @@ class CheckpointHook(v1.train.SessionRunHook):
                                   "graph.pbtxt")
                 v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
             self._graph_writes.run(write_graph, self._output_dir)
-            newest = max((int(s) for s in (p.rpartition("-")[2] for p in
-                          checkpoints.all_checkpoints(self._output_dir)) if s.isdigit()),
-                         default=None)
+            newest = max((s for s in map(checkpoints.step_of, checkpoints.all_checkpoints(
+                self._output_dir)) if s is not None), default=None)
             if newest is not None and step > newest:
                 logging.info("not saving the state at step %d: the ps tasks' live model, newer "
                              "than checkpoint %d (a restarted chief adopted it); the next "
@@ -170,7 +169,7 @@ class CheckpointHook(v1.train.SessionRunHook):
         if path is None:
             return
         logging.info("saved %s", os.path.basename(path))
-        events.emit("checkpoint_saved", int(path.rpartition("-")[2]),
+        events.emit("checkpoint_saved", checkpoints.step_of(path),
                     path=os.path.basename(path), emergency=False)
 
 

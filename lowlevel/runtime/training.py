@@ -280,7 +280,7 @@ def _emergency_save(sess, g: TrainGraph, output_dir: Optional[str]):
         path = g.scaffold.saver.save(raw, output_layout.checkpoint_prefix(output_dir),
                                      global_step=g.global_step)
         logging.info("saved %s", path)
-        events.emit("checkpoint_saved", int(path.rpartition("-")[2]),
+        events.emit("checkpoint_saved", checkpoints.step_of(path),
                     path=os.path.basename(path), emergency=True)
         return True
     return save
