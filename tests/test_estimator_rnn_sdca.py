@@ -198,11 +198,15 @@ def test_linear_sdca_matches_215(name, tmp_path):
     for key in ("accuracy", "auc"):  # (the random order: runs agree to ~0.005 here)
         if key in theirs:
             assert ours["evaluate"][key] == pytest.approx(theirs[key], abs=0.02)
-    # SDCA visits the examples in a random order (2.15's kernel too): the regressor's
-    # converged loss came out 2e-4..8e-4 over 7 runs here (2.15's fixture: 2.3e-4), all
-    # under 0.03 % of its labels' variance (3.5); 2e-3 is 0.06 % of it
+    # SDCA visits the examples in a random order and its kernel updates the weights from
+    # several threads at once (2.15's too), so the regressor's converged loss is a draw
+    # from a long-tailed spread. 12 runs each (2026-11-29; 2.15: `rnn_sdca.py --variant
+    # sdca_regressor` 12 times): 2.15 1.4e-4..2.7e-3, lowlevel 1.5e-4..9.6e-4;
+    # a loaded CI machine gave lowlevel 2.9e-3. All are under 0.1 % of the labels'
+    # variance (3.5); the bound, 1e-2, is 0.3 % of it (an unconverged or wrong solver is
+    # far above: the labels' variance itself is the loss of predicting their mean)
     assert ours["evaluate"]["average_loss"] == pytest.approx(theirs["average_loss"],
-                                                             rel=0.3, abs=2e-3)
+                                                             rel=0.3, abs=1e-2)
     if name == "sdca_classifier_l1":  # the chief's hook: weights = shrink(unshrunk, l1/l2)
         reader = tf.train.load_checkpoint(str(tmp_path))
         for var in ("bias_weights", "cat/weights", "x1/weights", "x2/weights"):
