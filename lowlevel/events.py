@@ -24,7 +24,9 @@ and, per event (fields after the colon):
 - `serving`: a ps waits for the chief's stop signal.
 - `session_ready`: a training task has its first session: `origin` (chief:
   "initialised", "restored" or "adopted"; worker: "ready"), `restored_step`
-  (int, when restored, else null).
+  (int, when restored, else null); the chief's also `phases` (seconds of the
+  set-up's parts: `ready_check`, `restore_run`, `total`;
+  `runtime.sessions.ChiefSessionCreator`).
 - `start_barrier`: the chief of a fresh communication-reduced async run
   waited for the other workers to be ready (`lowlevel.runtime.start`):
   `waited_secs` (float), `missing` (list of "worker1 at host:port" that were
@@ -51,7 +53,7 @@ and, per event (fields after the colon):
 - `fault_cleared`: a run completed after an outage (runs that passed their
   deadline, or a lost session replaced): `outage_secs` (float).
 - `recovered`: a new session replaced one lost to a fault: `origin`,
-  `restored_step`, as for `session_ready`.
+  `restored_step` (and the chief's `phases`), as for `session_ready`.
 - `preempted`: SIGTERM or SIGINT: `signal` ("SIGTERM"/"SIGINT"),
   `checkpoint` (the chief: the checkpoint it saved, else null); from the
   signal thread of a stuck task also `stuck` (true) and `safe` (bool).

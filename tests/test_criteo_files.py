@@ -130,6 +130,20 @@ def test_a_span_resumed_from_its_hint_reads_what_a_read_from_line_0_does(tmp_pat
     assert batches([120, int(starts[120]), int(starts[-1])]) == whole
 
 
+
+@pytest.mark.timeout(30)
+def test_a_spans_dataset_has_no_autotune_thread_to_wait_for_and_no_rewrites():
+    """A span's iterator is re-initialized for every span and dropped with its session: with
+    autotuning on, that waited for the model thread's sleep (11.9 s after 70 s of reading,
+    50-60 s in 90 M-line sync runs; benchmarks/NOTES.md), and each initialization ran the
+    default rewrites' Grappler pass. Both are off for a span's dataset."""
+    with tf.Graph().as_default():
+        ds = criteo.span_batches(tf.constant(["x.tsv"]), tf.constant(0, tf.int64),
+                                 tf.constant([0, 0, 0], tf.int64), 64, SIZES, 1000)
+        options = ds.options()
+    assert options.autotune.enabled is False
+    assert options.experimental_optimization.apply_default_optimizations is False
+
 def _with_bad_line(tmp_path, line_number: int, bad: str):
     paths = criteo.write_files(str(tmp_path), 200, num_files=1, seed=1)
     with open(paths[0]) as f:

@@ -160,6 +160,10 @@ def test_sigkill_of_a_task_is_survived(tmp_path, target):
             task="worker0", since=fault_time)
         restored = recovered[0]["restored_step"]
         assert restored >= ckpt_step
+        phases = recovered[0]["phases"]  # where the set-up went: in the event and the log
+        assert 0 < phases["ready_check"] and 0 < phases["restore_run"] <= phases["total"], phases
+        assert "chief: new session after a failure; restored from checkpoint" in after
+        assert "session, restore, local init and ready check" in after
         lost = max(_steps(launch, until=fault_time)) - restored
         assert lost <= CHECKPOINT_EVERY, (lost, restored)  # at most one checkpoint interval
         assert launch.events("fault_noticed", "worker0", since=fault_time)

@@ -33,6 +33,7 @@ session exists; `lowlevel.events`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -116,6 +117,16 @@ def _retrying_deadlines(create, budget_secs: float):
             time.sleep(RECOVERY_WAIT_SECS)
 
 
+@contextlib.contextmanager
+def _timed(phases: dict, name: str):
+    """`phases[name]`: the block's seconds (also when it raises)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        phases[name] = time.monotonic() - started
+
+
 def _session_manager(scaffold):
     return v1.train.SessionManager(
         local_init_op=scaffold.local_init_op,
@@ -149,6 +160,10 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
       origin: how the last session got its model: "adopted", "restored" or
         "initialised".
       restored_from: (path, global step) of the checkpoint last restored, or None.
+      phases: seconds of the last set-up's parts: `ready_check` (whether the ps tasks
+        hold the model: a session, its first run and the check), `restore_run` (a new
+        session, the restore or the initialisation, the local init and the ready check:
+        `SessionManager.prepare_session`), `total`.
     """
 
     def __init__(self, scaffold, master, config, checkpoint_dir, wait_for_cluster=None,
@@ -160,6 +175,7 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         self._cluster_alive = cluster_alive
         self._guard = guard
         self.origin = self.restored_from = None
+        self.phases: dict = {}
         self.sessions = 0
         self.retry_secs = 60.0  # how long a ready check that times out is retried
 
@@ -170,21 +186,25 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
         _announce_recreation(self.sessions)
         if self._wait_for_cluster is not None:
             self._wait_for_cluster()
+        started = time.monotonic()
         sess = faults.abandonable(lambda: self._create(manager), self._guard,
                                   "session_create")
+        self.phases["total"] = time.monotonic() - started
         if self.sessions > 1:
-            logging.info("chief: new session after a failure; %s", self.describe())
+            logging.info("chief: new session after a failure; %s (%s)", self.describe(),
+                         self.describe_phases())
             fields = self.event_fields()
             events.emit("recovered", fields["restored_step"], **fields)
         return _bounded_close(sess, self._cluster_alive)
 
     def _create(self, manager):
         """Adopts, restores or initialises (the class doc's steps 2-4); returns the session."""
-        sess = None
+        sess, self.phases = None, {}
         if self._wait_for_cluster is not None:
             try:
-                sess = _retrying_deadlines(lambda: manager.wait_for_session(
-                    self._master, self._config, max_wait_secs=0), self.retry_secs)
+                with _timed(self.phases, "ready_check"):
+                    sess = _retrying_deadlines(lambda: manager.wait_for_session(
+                        self._master, self._config, max_wait_secs=0), self.retry_secs)
                 self.origin = "adopted"
             except tf.errors.DeadlineExceededError as e:
                 # "Session was not ready after waiting 0 secs": the ps tasks hold no
@@ -206,7 +226,8 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
                     init_feed_dict=self._scaffold.init_feed_dict, config=self._config,
                     init_fn=self._partial.restore)
             else:
-                sess = super().create_session()
+                with _timed(self.phases, "restore_run"):
+                    sess = super().create_session()
         return sess
 
     def describe(self) -> str:
@@ -218,10 +239,19 @@ class ChiefSessionCreator(v1.train.ChiefSessionCreator):
             return "the ps tasks still held the model: continuing from it"
         return "model initialised"
 
+    def describe_phases(self) -> str:
+        """Where the last session's set-up went, in seconds (`phases`)."""
+        words = {"ready_check": "the ps tasks' model checked",
+                 "restore_run": "session, restore, local init and ready check",
+                 "total": "in all"}
+        return ", ".join(f"{words[k]} {v:.1f} s" for k, v in self.phases.items())
+
     def event_fields(self) -> dict:
-        """`origin` and `restored_step` of the last session, for its events."""
+        """`origin` and `restored_step` of the last session, and its set-up's `phases`
+        (seconds), for its events."""
         return {"origin": self.origin,
-                "restored_step": self.restored_from[1] if self.origin == "restored" else None}
+                "restored_step": self.restored_from[1] if self.origin == "restored" else None,
+                "phases": {k: round(v, 3) for k, v in self.phases.items()}}
 
     def _get_session_manager(self):
         if not self._session_manager:
