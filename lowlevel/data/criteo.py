@@ -36,6 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from lowlevel import errors
+from lowlevel.data import replaceable
 
 NUM_INTEGER = 13
 NUM_CATEGORICAL = 26
@@ -255,31 +256,9 @@ def span_batches(file, skip, start, batch_size: int, field_sizes: Sequence[int],
 
     ds = tf.data.Dataset.from_tensor_slices(file).flat_map(_plain(batches))
     ds = ds.map(_plain(parsed), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_span_options())
-
-
-def _span_options():
-    """`tf.data.Options` of a span's dataset, which is made anew for every span (its
-    iterator's initializer) and dropped with its session when a task fails:
-
-    - No autotuning. Its model thread (`Model::OptimizeLoop`) sleeps between rounds for up
-      to 60 s, and destroying the iterator waits for it to wake
-      (`UnboundedThreadPool::LogicalThreadWrapper`'s destructor; seen with gdb): a span's
-      re-initialization after 70 s of reading took 11.9 s with it, 0.11 s without, and in
-      90 M-line sync runs a span switch or a session replaced after a ps kill stalled
-      50-60 s (the new worker session waits on the old one's deletion). Reading is as
-      fast without it (a 2.8 M-line file, batches of 1,024: 174-183 K lines/s with,
-      174-215 K without).
-    - No default static rewrites: they run Grappler on the dataset's graph at each
-      initialization (~50 ms of CPU a span here; 12 spans of 49 batches: 4.90-4.98 ->
-      4.30-4.35 CPU-s) and find nothing to fuse in this pipeline.
-
-    Measurements: benchmarks/NOTES.md (2026-11-29, seventeenth stop)."""
-    import tensorflow as tf
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    options.experimental_optimization.apply_default_optimizations = False
-    return options
+    # made anew for every span: no autotune thread to wait for when it is dropped, and no
+    # default rewrites (Grappler on the dataset's graph, ~50 ms of CPU, at every span)
+    return replaceable.without_autotune(ds, default_rewrites=False)
 
 
 CHUNK_BYTES = 1 << 20  # `lines_from` reads this much at a time

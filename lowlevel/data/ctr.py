@@ -34,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from lowlevel.data import movielens
+from lowlevel.data import movielens, replaceable
 from lowlevel.data.sharding import shard_indices
 
 DEFAULT_MOVIELENS_DIR = os.path.join(".", "data", "ml-100k")
@@ -202,6 +202,7 @@ def train_iterator(data: CtrDataSet, batch_size: int, num_shards: int, shard: in
     ds = tf.data.Dataset.from_tensor_slices((features, labels))
     ds = ds.shuffle(len(idx), seed=seed + shard, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds = replaceable.without_autotune(ds)  # a session replaced after a fault: no wait
     it = tf.compat.v1.data.make_initializable_iterator(ds)
     return it.initializer, feed, it
 

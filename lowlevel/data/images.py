@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from lowlevel.data import replaceable
 from lowlevel.data.sharding import shard_indices
 from lowlevel.errors import DataError, UsageError
 
@@ -302,7 +303,7 @@ def train_iterator(data: DataSet, batch_size: int, num_shards: int, shard: int, 
     ds = ds.shuffle(len(idx), seed=seed + shard, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda x, y: (normalize(x, data.max_value), y))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds = replaceable.without_autotune(ds.prefetch(tf.data.AUTOTUNE))  # a session replaced fast
     it = tf.compat.v1.data.make_initializable_iterator(ds)
     return it.initializer, feed, it
 

@@ -38,6 +38,7 @@ from lowlevel import errors
 from lowlevel.cluster import probes
 from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
+from lowlevel.data import replaceable
 from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
@@ -107,7 +108,8 @@ def _train_input(model: ModelFnModel):
     """(features, labels, input hooks) of the training input_fn, in the current graph."""
     with user.calling("input_fn", model.input_fn):
         result = input_fns.call_input_fn(model.input_fn, TRAIN, model.params, model.run_config)
-        return input_fns.features_and_labels(result)
+        # a user's Dataset: no autotune thread for a replaced session to wait for
+        return input_fns.features_and_labels(replaceable.without_autotune(result))
 
 
 def _call_model_fn(model: ModelFnModel, features, labels):

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from lowlevel.data import replaceable
 from lowlevel.models import input_fns
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
@@ -49,7 +50,9 @@ def build_train_spec(model: ModelFnModel):
     v1.train.create_global_step(graph)
     result = input_fns.call_input_fn(model.input_fn, spec_lib.ModeKeys.TRAIN, model.params,
                                      config)
-    features, labels, input_hooks = input_fns.features_and_labels(result)
+    # a user's Dataset: no autotune thread for a replaced session to wait for
+    features, labels, input_hooks = input_fns.features_and_labels(
+        replaceable.without_autotune(result))
     spec = spec_lib.call_model_fn(model.model_fn, features, labels, spec_lib.ModeKeys.TRAIN,
                                   model.params, config)
     if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
