@@ -45,6 +45,13 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
           churn_ratio_in_run  the same against the churn run's own rate before its
                          first kill (steps 200 to 20 %: a short window, early in the
                          files; information)
+          cluster_ratio  the cluster's examples/s from the first kill to the end against
+                         the reference's over the same steps, whoever trains: what churn
+                         costs where the workers share the machine's cores (a worker
+                         that joins then adds no CPU, so per live worker cannot hold)
+          machine_busy   the fraction of the machine's CPU in use from the first kill (the
+                         reference: its point) to the end (`psutil.cpu_times`); the churn
+                         run's `join_busy` while worker2 is in
         and from the final checkpoint (`data_queue/seen`, one count per line):
           lost / duplicated   lines counted fewer / more times than their span's
                               passes say (`lowlevel.data.spans`)
@@ -209,6 +216,9 @@ def churn(out: str, files: list) -> dict:
             figures["reference_per_worker"] = runs["reference"]["per_worker"]
             figures["churn_ratio"] = round(
                 figures["churn_per_live_worker"] / figures["reference_per_worker"], 3)
+            figures["cluster_ratio"] = round(
+                figures["per_worker"] / figures["reference_per_worker"], 3)
+            figures["reference_machine_busy"] = runs["reference"]["machine_busy"]
         rounds.append(figures)
         print(f"churn round {i}: " + json.dumps({k: v for k, v in figures.items()
                                                   if k != "kills"}), flush=True)
@@ -230,6 +240,7 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
                              "--dynamic_workers", f"--train_steps={FLAGS.churn_steps}",
                              *_common(files)], stdout=log, stderr=subprocess.STDOUT)
     kills, deadline = [], time.monotonic() + FLAGS.timeout_secs
+    cpu = {}  # what -> the machine's CPU times when the schedule acted
     try:
         for at, what, name in schedule or ((SCHEDULE[0][0], "none", "-"),):
             while time.monotonic() < deadline and proc.poll() is None:
@@ -238,12 +249,15 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
                     break
                 time.sleep(0.05)
             step = _progress(run_dir)[-1][1]
+            cpu.setdefault("first", psutil.cpu_times())
+            cpu[what] = psutil.cpu_times()
             kills.append({"task": name, "what": what, "unix_time": time.time(),
                           "global_step": step})
             if schedule:
                 _act(proc, run_dir, what, name)
                 print(f"churn: {what} {name} at global step {step}", flush=True)
         code = proc.wait(max(1.0, deadline - time.monotonic()))
+        cpu["end"] = psutil.cpu_times()
     finally:
         if proc.poll() is None:
             for child in psutil.Process(proc.pid).children():
@@ -254,8 +268,17 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     if code != 0:
         raise SystemExit(f"{workdir}: the launcher exited {code}; see {log.name}")
     counted = _counts(run_dir, files)
+    busy = {"machine_busy": _busy(cpu["first"], cpu["end"]),
+            **({"join_busy": _busy(cpu["join"], cpu["leave"])} if "leave" in cpu else {})}
     return {"kills": _kill_figures(run_dir, kills) if schedule else [],
-            **_rates(run_dir, kills, counted.get("batches_per_step", 1.0)), **counted}
+            **_rates(run_dir, kills, counted.get("batches_per_step", 1.0)), **busy, **counted}
+
+
+def _busy(start, end) -> float:
+    """The fraction of the machine's CPU (all cores) in use between two `psutil.cpu_times()`."""
+    idle = (end.idle + getattr(end, "iowait", 0.0)) - (start.idle + getattr(start, "iowait", 0.0))
+    total = sum(end) - sum(start)
+    return round(1.0 - idle / total, 3) if total > 0 else float("nan")
 
 
 def _kill_figures(run_dir: str, kills: list) -> list:
