@@ -6,6 +6,7 @@ TF_CONFIG cluster: tests/test_estimator_cluster.py.)"""
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -44,9 +45,26 @@ def test_a_hook_stops_where_2_15s_stops(case, tmp_path):
     if case.endswith("_resume"):  # a second run on the model_dir of a stopped one
         _script(tmp_path / "model", hook)
     got = _script(tmp_path / "model", hook)
-    assert {k: got[k] for k in COMPARED} == {k: want[k] for k in COMPARED}
+    assert ({k: _words(got[k]) for k in COMPARED} == {k: _words(want[k]) for k in COMPARED})
     for step, metrics in want["eval_history"].items():  # bit-identical when measured
         assert got["eval_history"][step] == pytest.approx(metrics, rel=1e-4), step
+    # the values in the log lines: bit-identical on the machine the fixture was made on,
+    # 8e-8 apart on one whose CPU takes other oneDNN kernels (AVX512_BF16, AVX_VNNI)
+    assert _numbers(got["stop_log"]) == pytest.approx(_numbers(want["stop_log"]), rel=1e-4)
+
+
+NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+
+
+def _words(value):
+    """Log lines with their decimal numbers replaced by "<number>"; anything else as it is."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [NUMBER.sub("<number>", v) for v in value]
+    return value
+
+
+def _numbers(lines: list) -> list:
+    return [float(x) for line in lines for x in NUMBER.findall(line)]
 
 
 @pytest.mark.cluster  # one process
