@@ -33,3 +33,25 @@ def write_json(path: str, value, indent: Optional[int] = 2) -> None:
         except OSError:
             pass
         raise
+
+
+_EVENT_WRITERS: dict = {}  # (pid, logdir) -> this process's FileWriter
+
+
+def event_writer(logdir: str):
+    """This process's `tf.compat.v1.summary.FileWriter` for `logdir` (made once per process).
+
+    TF1's writer names its file by the second and the host alone
+    (`events.out.tfevents.<seconds>.<host>`), and a second writer made in the same second
+    opens the same name and truncates the first one's events: a resumed Estimator run
+    evaluating within a second of the last run's first evaluation lost that run's eval
+    history (seen in the suite: early stopping read `[202]` for steps 100, 200, 201, 202).
+    This one's name ends in `.<pid>` as TF2's writers' do, so two processes never share a
+    file; one process keeps one writer per directory.
+    """
+    import tensorflow as tf
+    key = (os.getpid(), os.path.abspath(logdir))
+    if key not in _EVENT_WRITERS:
+        _EVENT_WRITERS[key] = tf.compat.v1.summary.FileWriter(
+            logdir, graph=None, filename_suffix=f".{os.getpid()}")
+    return _EVENT_WRITERS[key]

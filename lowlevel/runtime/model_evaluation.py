@@ -29,6 +29,7 @@ from lowlevel.models import input_fns
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
+from lowlevel.outputs import files
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
@@ -198,7 +199,7 @@ def write_dict_to_summary(output_dir: str, dictionary: dict, global_step: int) -
     for key, value in dictionary.items():
         if value is not None and key != "global_step":
             _summary_value(summary, key, value)
-    writer = v1.summary.FileWriterCache.get(output_dir)
+    writer = files.event_writer(output_dir)  # never truncates another run's events
     writer.add_summary(summary, global_step)
     writer.flush()
 
@@ -211,6 +212,6 @@ def write_checkpoint_path_to_summary(output_dir: str, checkpoint_path: str,
     summary = v1.Summary()
     summary.value.add(tag="checkpoint_path",
                       tensor=tf.make_tensor_proto(checkpoint_path, dtype=tf.string))
-    writer = v1.summary.FileWriterCache.get(output_dir)
+    writer = files.event_writer(output_dir)  # never truncates another run's events
     writer.add_summary(summary, global_step)
     writer.flush()
