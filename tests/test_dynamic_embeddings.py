@@ -436,3 +436,34 @@ def test_a_killed_ps_comes_back_with_its_shards_from_the_checkpoint(tmp_path):
         keys = part["keys"]
         assert keys.size == len(set(keys.tolist())) > 0, scope  # one row per id
         assert (part["counts"] >= 2).all(), scope
+
+
+@pytest.mark.timeout(120)
+def test_an_update_goes_to_the_row_its_lookup_read_only_while_the_id_holds_it():
+    """The update takes the rows the lookup read (no second search of the index): a row
+    given to another id since then, or evicted, is left alone; -1 (no row) gets nothing."""
+    with tf.Graph().as_default(), v1.Session() as s:
+        shard = de.DynamicShard("s", 2, 2, evict_after_steps=1)
+        ids, step = v1.placeholder(tf.int64, [None]), v1.placeholder(tf.int64, [])
+        values, rows = shard.lookup(ids, tf.ones_like(ids), step)
+        given = v1.placeholder(tf.int64, [None])
+        update = shard.apply_gradients(ids, tf.ones([tf.size(ids), 2]), given)
+        s.run(v1.global_variables_initializer())
+
+        def table():
+            part = s.run(shard.export())
+            return {int(k): r.tolist() for k, r in zip(part["keys"], part["rows"])}
+
+        _, (row_a,) = s.run([values, rows], {ids: [7], step: 0})
+        before = table()
+        s.run(update, {ids: [7], given: [row_a]})  # still 7's: updated
+        assert table()[7] != before[7]
+        s.run([values, rows], {ids: [8], step: 5})  # 7 unseen for 5 steps: evicted, row free
+        after_eviction = table()
+        assert 7 not in after_eviction
+        s.run(update, {ids: [7], given: [row_a]})  # 7's old row: not its own any more
+        assert table() == after_eviction
+        _, (row_9,) = s.run([values, rows], {ids: [9], step: 6})  # takes a free row
+        held = table()
+        s.run(update, {ids: [7, 9], given: [row_9, -1]})  # another id's row; no row
+        assert table() == held

@@ -105,6 +105,42 @@ def test_summary_is_due_once_per_interval(graph, tmp_path):
     assert _until(hook.due, 2.0)
 
 
+def _fetched(args) -> list:
+    return sorted(args.fetches) if isinstance(args.fetches, dict) else [str(args.fetches)]
+
+
+def test_a_hooked_step_fetches_the_same_whichever_hook_is_due(graph, tmp_path, caplog):
+    """Each distinct set of fetches is a new executor on every task (0.16-0.66 s the first
+    time, benchmarks/NOTES.md 2026-11-29): progress and summaries fetch in every step run
+    through the hooks, and only the one that is due logs or writes."""
+    g, sess, step, loss = graph
+    state = hooks.LoopState()
+    with g.as_default():
+        summary = hooks.SummaryHook(str(tmp_path), 3600.0, state)
+        summary.begin()
+    prog = progress.ProgressHook(step, loss, 64, 100, every_secs=3600.0, state=state)
+    prog.after_create_session(sess, None)
+    state.in_step = True
+    first = [_fetched(h.before_run(_Run())) for h in (prog, summary)]  # both due
+    prog.after_run(_Run(), _Run(results={"step": 0, "loss": 1.0}))
+    summary.after_run(_Run(), _Run(results={"summary": sess.run(summary._summary),
+                                            "step": 0}))
+    assert not prog.due() and not summary.due()
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        later = [_fetched(h.before_run(_Run())) for h in (prog, summary)]  # neither due
+        prog.after_run(_Run(), _Run(results={"step": 5, "loss": 1.0}))
+        summary.after_run(_Run(), _Run(results={"summary": sess.run(summary._summary),
+                                                "step": 5}))
+    assert later == first
+    assert not [r for r in caplog.records if "step 6/100" in r.getMessage()]
+    assert prog.first_step == 1  # the rate was not taken again
+    v1.summary.FileWriterCache.get(str(tmp_path)).flush()
+    written = [e.step for f in tmp_path.glob("events.out.tfevents.*")
+               for e in v1.train.summary_iterator(str(f)) if e.HasField("summary")]
+    assert written == [0], written  # the due step's summary only
+
+
 class _Probe(v1.train.SessionRunHook):
     def __init__(self):
         self.runs, self.is_due = 0, False

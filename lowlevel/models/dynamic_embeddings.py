@@ -41,9 +41,12 @@ stream):
   many steps): its key leaves `index`, the row and its accumulator are free
   for the next admission; pending ids unseen as long are forgotten too.
   `evict_after_steps=0`: never.
-- **Updates** (Adagrad or lazy Adam: `DynamicShard.apply_gradients`) look the ids
-  up again under the shard's lock: a row evicted (and maybe given to another
-  id) since the forward lookup is not touched; ids without a row get nothing.
+- **Updates** (Adagrad or lazy Adam: `DynamicShard.apply_gradients`), under the
+  shard's lock, go to the rows the forward lookup read, checked by gathers (the
+  row's key is the id, the row is in use), not by a second search of the index: a
+  row evicted (and maybe given to another id) since the lookup is not touched; an
+  id that had no row at its lookup gets nothing, even if admitted since (its
+  gradient is the default row's).
 - **Consistency**: lookup, update, checkpoint export and restore of a shard
   each run as one call holding the shard's lock on its ps, so none interleaves
   with another: a checkpoint's keys, rows, accumulators, counts and last-seen
@@ -281,11 +284,12 @@ class DynamicShard:
 
     # -- lookup -----------------------------------------------------------------
     def lookup(self, ids, sightings, step):
-        """Rows of the shard's distinct int64 `ids` `[U]` -> float32 `[U, dim]`.
+        """Rows of the shard's distinct int64 `ids` `[U]` -> (float32 `[U, dim]`, int64 `[U]`).
 
         Records `sightings` (int64 `[U]`, occurrences of each id) at global step
         `step` (int64 scalar), admits and sweeps (module docstring). Ids without
-        a row read `default_row`.
+        a row read `default_row`. The second result, on the shard's ps, is the row
+        each id read (-1: none), for `apply_gradients`.
         """
         step = tf.cast(tf.convert_to_tensor(step), tf.int64)  # a value: not the variable
         return self._locked(self._lookup_body, ids, sightings, step)
@@ -315,7 +319,7 @@ class DynamicShard:
             with tf.control_dependencies([values]):
                 due = step - self.last_sweep >= self.sweep_every_steps
                 tf.cond(due, lambda: self._sweep(step), lambda: tf.constant(0, tf.int64))
-        return values
+        return values, row
 
     def _admit(self, ids, sightings, row, step):
         """Counts the sightings of ids without a row; gives rows to those reaching admit_after.
@@ -390,9 +394,11 @@ class DynamicShard:
         return tf.reshape(ids, [-1]), tf.reshape(values, [-1, 2])
 
     # -- update -----------------------------------------------------------------
-    def apply_gradients(self, ids, grads):
+    def apply_gradients(self, ids, grads, rows):
         """The optimizer's update of the rows of distinct int64 `ids` `[U]`, float32 `grads`
-        `[U, dim]`. Only ids holding a row when the update runs are updated. Returns the op.
+        `[U, dim]`, at `rows` (int64 `[U]`, the rows their `lookup` read; -1: none). A row is
+        updated only if it still holds its id (an eviction since the lookup, and a row given
+        to another id, are left alone): no second search of the index. Returns the op.
 
         adagrad: `acc += g^2; row -= lr g / sqrt(acc)`. adam (lazy, per row: t counts
         the row's own updates since its admission): `m = b1 m + (1 - b1) g;
@@ -400,12 +406,17 @@ class DynamicShard:
         with b1 = 0.9, b2 = 0.999, eps = 1e-8 (`optimizers.LazyAdamOptimizer`'s, whose
         t is the global count of updates instead).
         """
-        return self._locked(self._apply_body, ids, grads)
+        return self._locked(self._apply_body, ids, grads, rows)
 
-    def _apply_body(self, ids, grads):
-        row = self.index.lookup(ids)
-        at = tf.where(row >= 0)[:, 0]  # the ids with a row
-        row, g = tf.gather(row, at), tf.gather(grads, at)
+    def _apply_body(self, ids, grads, rows):
+        # Gathers from [capacity] arrays whose live part is dense (rows go out lowest
+        # first) cost less than a hash search (`Find`: ~40 % of what the dynamic tables
+        # added to a step, benchmarks/NOTES.md 2026-11-29).
+        safe = tf.maximum(rows, 0)
+        held = tf.logical_and(rows >= 0, tf.equal(tf.gather(self.keys, safe), ids))
+        held = tf.logical_and(held, tf.gather(self.last_seen, safe) >= 0)
+        at = tf.where(held)[:, 0]  # the ids whose row is still theirs
+        row, g = tf.gather(rows, at), tf.gather(grads, at)
         if self.optimizer == "adagrad":
             self._adagrad(row, g)
         else:
@@ -577,17 +588,20 @@ class DynamicTable:
             shard_ids = [s.on_ps(i) for s, i in zip(self.shards, shard_ids)]  # sent once
             found = [s.lookup(i, c, step)
                      for s, i, c in zip(self.shards, shard_ids, shard_counts)]
-            rows = self._trained(tf.dynamic_stitch(positions, found), positions, shard_ids)
+            rows = self._trained(tf.dynamic_stitch(positions, [v for v, _ in found]),
+                                 positions, shard_ids, [r for _, r in found])
             out = embeddings._expand(rows, index)
         return tf.reshape(out, tf.concat([tf.shape(ids), [self.dim]], axis=0))
 
-    def _trained(self, rows, positions, shard_ids):
-        """`rows` `[U, dim]`, whose gradient applies each shard's update (via the anchor)."""
+    def _trained(self, rows, positions, shard_ids, shard_rows):
+        """`rows` `[U, dim]`, whose gradient applies each shard's update (via the anchor) at
+        the rows its lookup read (`shard_rows`, one int64 tensor per shard, on its ps)."""
         @tf.custom_gradient
         def trained(unique_rows, anchor):
             def grad(dy):
-                updates = [s.apply_gradients(i, tf.gather(dy, p))
-                           for s, i, p in zip(self.shards, shard_ids, positions)]
+                updates = [s.apply_gradients(i, tf.gather(dy, p), r)
+                           for s, i, p, r in zip(self.shards, shard_ids, positions,
+                                                 shard_rows)]
                 # made where the anchor's update runs: no zeros sent from the worker
                 with tf.device(self.anchor.device), tf.control_dependencies(updates):
                     return None, tf.zeros_like(anchor)

@@ -212,6 +212,7 @@ class SummaryHook(v1.train.SessionRunHook):
         self._every_secs = every_secs
         self._state = state
         self._next = 0.0
+        self._acting = False  # this hooked step writes (it was due)
         self._writes = storage.Writes("summaries")
 
     def begin(self):
@@ -222,14 +223,17 @@ class SummaryHook(v1.train.SessionRunHook):
         return self._summary is not None and time.monotonic() >= self._next
 
     def before_run(self, run_context):
-        if self._state.in_step and self.due():
+        # Fetched in every step run through the hooks, written when due: one set of
+        # fetches, one executor (`loop.StepRunner`).
+        if not self._state.in_step or self._summary is None:
+            return None
+        self._acting = self.due()
+        if self._acting:
             self._next = time.monotonic() + self._every_secs
-            return v1.train.SessionRunArgs({"summary": self._summary,
-                                            "step": self._global_step})
-        return None
+        return v1.train.SessionRunArgs({"summary": self._summary, "step": self._global_step})
 
     def after_run(self, run_context, run_values):
-        if run_values.results:
+        if run_values.results and self._acting:
             self._writes.run(lambda: v1.summary.FileWriterCache.get(self._output_dir).add_summary(
                 run_values.results["summary"], run_values.results["step"]), self._output_dir)
 

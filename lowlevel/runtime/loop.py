@@ -44,7 +44,12 @@ class StepRunner:
     timer or its step has come); the loop sends a step through the hooks
     only then. A hook without `due()` sees only the steps another hook made
     due: give it one, or it acts rarely and irregularly. Hooks that act only
-    in `begin`, `after_create_session` or `end` need none.
+    in `begin`, `after_create_session` or `end` need none. The runtime's hooks
+    fetch the same tensors in every step sent through them and act only when
+    due: each distinct set of fetches is a new executor on every task the step
+    touches (partitioning, Grappler, the graph's functions instantiated), whose
+    first run stalled the chief of a 2 ps + 2 workers dynamic-table job 0.66 s
+    (0.16-0.31 s with static tables; benchmarks/NOTES.md, 2026-11-29).
 
     With a `faults.FaultWatch`, every run has its deadline
     (`--step_timeout_secs`) and a run past it is reported and run again

@@ -58,6 +58,7 @@ class ProgressHook(v1.train.SessionRunHook):
         self.first_step_time = self.end_time = None
         self.first_step_unix = self.last_step_unix = self._window_start = None
         self.local_steps = 0
+        self._acting = False  # this hooked step logs (it was due)
         self.step_secs: list[float] = []
         # {shard scope: live rows} of the graph's dynamic embedding tables, for the events
         self._live_rows = dynamic_embeddings.live_rows()
@@ -96,15 +97,18 @@ class ProgressHook(v1.train.SessionRunHook):
                 time.monotonic() - self._last_time >= self._every_secs)
 
     def before_run(self, run_context):
-        if self._state.in_step and self.due():
-            fetches = {"step": self._global_step, "loss": self._loss}
-            if self._live_rows:
-                fetches["rows"] = self._live_rows
-            return v1.train.SessionRunArgs(fetches)
-        return None
+        # Fetched in every step the loop runs through the hooks, due or not: one set of
+        # fetches, one executor (`loop.StepRunner`: a new set stalls the step).
+        if not self._state.in_step:
+            return None
+        self._acting = self.due()
+        fetches = {"step": self._global_step, "loss": self._loss}
+        if self._live_rows:
+            fetches["rows"] = self._live_rows
+        return v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
-        if run_values.results is None:
+        if run_values.results is None or not self._acting:
             return
         now = time.monotonic()
         step, loss = int(run_values.results["step"]) + 1, float(run_values.results["loss"])

@@ -347,7 +347,8 @@ class EndEarlyHook(v1.train.SessionRunHook):
 
 class EndedEarlyHook(v1.train.SessionRunHook):
     """A non-chief worker's watch for the chief's early end: every `ENDED_EARLY_POLL_SECS`
-    (`due`) one step also fetches the size of ps 0's `ended_early` queue; once it is not
+    (`due`) one step runs through the hooks, and every such step fetches the size of ps 0's
+    `ended_early` queue (due or not: one set of fetches, `loop.StepRunner`); once it is not
     empty the worker requests its stop (its loop ends after that step)."""
 
     def __init__(self, channel: ShutdownChannel, task: Task):
@@ -358,8 +359,6 @@ class EndedEarlyHook(v1.train.SessionRunHook):
         return time.monotonic() - self._checked >= ENDED_EARLY_POLL_SECS
 
     def before_run(self, run_context):
-        if not self.due():
-            return None
         self._checked = time.monotonic()
         return v1.train.SessionRunArgs(self._channel.ended_early)
 
