@@ -42,7 +42,8 @@ INPUT_FN = "benchmarks.estimator_model:input_fn"
 class Config:
     name: str
     trainer: str  # local | lowlevel | classic | tf2_pss | estimator (lowlevel on a model_fn)
-    mode: str  # exact | comm_reduced | exact_noproducts for lowlevel; n/a for the others
+    mode: str  # exact | comm_reduced | exact_noproducts for lowlevel; n/a or exact_noproducts
+    #            for estimator; n/a for the others
     num_ps: int
     num_workers: int
     sync: bool
@@ -70,7 +71,8 @@ def parse_config(name: str, hidden: tuple, mode: str, part: str = "main") -> Con
     trainer, _, shape = name.rpartition("_") if not name.endswith("_sync") else \
         name[:-5].rpartition("_")
     num_ps, num_workers = (int(x) for x in shape.rstrip("w").split("ps"))
-    return Config(name, trainer, mode if trainer == "lowlevel" else "n/a", num_ps,
+    keeps_mode = trainer == "lowlevel" or (trainer == "estimator" and mode == EXACT_NO_PRODUCTS)
+    return Config(name, trainer, mode if keeps_mode else "n/a", num_ps,
                   num_workers, name.endswith("_sync"), hidden, part)
 
 
@@ -93,11 +95,15 @@ def analytic_bytes(cfg: Config, period: int, batch_size: int) -> int:
 
     Each exchange moves every variable once each way, 2 x 4 bytes x parameters;
     lowlevel's exact step with one ps moves fewer, its dense layers' products placed by
-    `lowlevel.modes.ps_products` (with more ps tasks the kernels are sharded and stay classic).
+    `lowlevel.modes.ps_products` (with more ps tasks the kernels are sharded and stay
+    classic): the built-in MLP's, and the estimator suite's model_fn's with the runtime's
+    default flags.
     """
     if cfg.num_ps == 0:
         return 0
-    if cfg.trainer == "lowlevel" and cfg.mode == "exact" and cfg.num_ps == 1:
+    products = ((cfg.trainer == "lowlevel" and cfg.mode == "exact") or
+                (cfg.trainer == "estimator" and cfg.mode == "n/a"))  # the runtime's default
+    if products and cfg.num_ps == 1:
         # Kernels under lowlevel.modes.exact.SMALL_BYTES (64 KiB) travel with the biases.
         return 4 * ps_products.mlp_step_floats([784, *cfg.hidden, 10], batch_size,
                                                small_floats=(64 << 10) // 4)
@@ -145,6 +151,8 @@ def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size
                   f"--params={json.dumps(params)}", f"--warmup_steps={warmup}",
                   "--save_checkpoint_secs=100000", "--log_every_secs=5",
                   f"--train_steps={global_steps}"]
+        if cfg.mode == EXACT_NO_PRODUCTS:
+            flags_.append("--ps_products=false")
         flags_ += list(lowlevel_flags)
         return runners.run_lowlevel(cfg.num_ps, cfg.num_workers, flags_, workdir, timeout,
                                      batch)

@@ -11,18 +11,24 @@ MLP (`--hidden_units`, 784-512-512-10 by default; batch `--batch_size`, Adagrad
                              model_fn --input_fn=benchmarks.estimator_model:input_fn
                              --params=...`: the same MLP as an Estimator model_fn that builds
                              its own train_op, fed by a tf.data input_fn
-  lowlevel_<shape> exact     information: lowlevel's built-in `--model=mlp`, exact mode (its
-                             small variables fused into one transfer per ps, the dense
-                             layers' products on the ps)
+                             (the runtime's defaults: its small variables fused into one
+                             transfer per ps, the dense layers' products on the ps)
   lowlevel_<shape> exact_noproducts
-                             information: the same with `--ps_products=false`: of what the
-                             exact mode adds to the textbook step, only the fused transfer
-                             (and the input pipeline, the runtime's loop) is left
+                             lowlevel's built-in `--model=mlp`, exact mode with
+                             `--ps_products=false`: of what the exact mode adds to the
+                             textbook step, only the fused transfer (and the input pipeline,
+                             the runtime's loop) is left
+  estimator_<shape> exact_noproducts
+                             information: the model_fn with `--ps_products=false` (like for
+                             like with the line above)
+  lowlevel_<shape> exact     information: the built-in MLP in exact mode (fused transfer and
+                             products on the ps; like for like with `estimator_<shape>`)
 
 Each round runs every configuration once, one shape after the other, each shape's in the
-chain classic - estimator - exact_noproducts - exact (the two sides of every ratio back to
-back), the whole round's order reversed every other round, so no configuration always runs
-first or last; `--repeats` rounds. A run's figures are `_runners`' (examples/s: the sum of
+chain classic - estimator - lowlevel exact_noproducts - estimator exact_noproducts -
+lowlevel exact (the two sides of each target back to back), the whole round's order
+reversed every other round, so no configuration always runs first or last; `--repeats`
+rounds. A run's figures are `_runners`' (examples/s: the sum of
 the workers' own rates over their measured windows from `tasks/<task>.json`, or the
 classic's records); a ratio is the median of its within-round ratios. The one-minute load
 average when each run starts is kept with it (`loadavg_1m`), and each round's ratios with
@@ -30,9 +36,11 @@ the mean load average of its runs (`by_round`).
 
 Targets: `estimator_<shape>_over_classic_<shape>` >= 1.0 (a model_fn beats the textbook
 trainer) and `estimator_<shape>_over_lowlevel_<shape>_noproducts` >= 0.97 (a model_fn, given
-the fused transfer by `lowlevel.modes.fused_transfer`, trains as fast as the built-in MLP
-whose only other difference is that transfer), both shapes. The other ratios are
-information.
+the fused transfer by `lowlevel.modes.fused_transfer` and, by default, the products on the ps
+by `lowlevel.modes.ps_products`, trains as fast as the built-in MLP with the fused transfer
+alone), both shapes. The other ratios are information; the like-for-like ones are
+`estimator_<shape>_over_lowlevel_<shape>_exact` (both with the products) and
+`estimator_<shape>_noproducts_over_lowlevel_<shape>_noproducts` (neither).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from benchmarks import _configs, _report
 SHAPES = ("1ps1w", "1ps2w")
 # One shape's chain, in the order it runs (reversed every other round).
 CHAIN = (("classic", "n/a"), ("estimator", "n/a"), ("lowlevel", _configs.EXACT_NO_PRODUCTS),
-         ("lowlevel", "exact"))
+         ("estimator", _configs.EXACT_NO_PRODUCTS), ("lowlevel", "exact"))
 ALL = [f"{trainer}_{shape}" + ("" if mode == "n/a" else f":{mode}")
        for shape in SHAPES for trainer, mode in CHAIN]
 
@@ -58,9 +66,11 @@ def _ratio_defs() -> dict:
         est, classic = (f"estimator_{s}", "n/a"), (f"classic_{s}", "n/a")
         exact = (f"lowlevel_{s}", "exact")
         fused = (f"lowlevel_{s}", _configs.EXACT_NO_PRODUCTS)
+        est_fused = (f"estimator_{s}", _configs.EXACT_NO_PRODUCTS)
         out[f"estimator_{s}_over_classic_{s}"] = (est, classic)
         out[f"estimator_{s}_over_lowlevel_{s}_exact"] = (est, exact)
         out[f"estimator_{s}_over_lowlevel_{s}_noproducts"] = (est, fused)
+        out[f"estimator_{s}_noproducts_over_lowlevel_{s}_noproducts"] = (est_fused, fused)
         out[f"lowlevel_{s}_exact_over_classic_{s}"] = (exact, classic)
         out[f"lowlevel_{s}_noproducts_over_classic_{s}"] = (fused, classic)
     return out
@@ -194,7 +204,8 @@ def markdown(est: dict) -> str:
              "tf.data input_fn) trained by lowlevel's runtime (`estimator_*`), against the "
              "textbook between-graph trainer (`classic_*`: replica_device_setter + "
              "MonitoredTrainingSession + feed_dict), and lowlevel's built-in MLP in exact mode "
-             "with and without the products on the ps (`lowlevel_*`, information), async, "
+             "with and without the products on the ps (`lowlevel_*`); the model_fn without "
+             "them too (`estimator_* exact_noproducts`, information), async, "
              f"{est['repeats']} round(s), {est['wall_secs']:.0f} s.\n",
              _report.table(est["records"]), "",
              "Ratios of examples/s within each round (load: the mean of the one-minute load "

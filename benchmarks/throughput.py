@@ -47,11 +47,11 @@ never exits).
 The estimator suite (`--suite=estimator`, benchmarks/estimator_suite.py): a user's
 Estimator model_fn (benchmarks/estimator_model.py, the same MLP building its own train_op)
 trained by lowlevel's runtime against the textbook trainer, 1 ps + 1 and 1 ps + 2 workers,
-with lowlevel's built-in MLP in exact mode (with and without --ps_products) beside them,
-`--repeats` rounds; targets: the model_fn at >= 1.0x the textbook trainer and >= 0.97x the
-built-in exact mode without products, on both shapes.
+with lowlevel's built-in MLP in exact mode (with and without --ps_products) and the model_fn
+with --ps_products=false beside them, `--repeats` rounds; targets: the model_fn at >= 1.0x
+the textbook trainer and >= 0.97x the built-in exact mode without products, on both shapes.
 Not part of the default suites or of --quick. Alone, its defaults are 5 rounds of 8 s
-windows after 3 s of warm-up (`ESTIMATOR`; ~20 min on 2 loaded cores).
+windows after 3 s of warm-up (`ESTIMATOR`; ~25 min on 2 loaded cores).
 
 Bandwidth-limited links (`--link=1gbit`, a sweep `--link=10gbit,1gbit,100mbit`): the
 configurations with a ps run with every task on its own host (a network namespace) whose
@@ -146,8 +146,10 @@ flags.DEFINE_list("suite", ["dense", "sparse"], "What to run: dense (the MLP con
                   "only when named). Default: dense and sparse, or dense only when --configs is "
                   "given (a subset of the dense configurations).")
 flags.DEFINE_list("estimator_configs", None, "The estimator suite's configurations (default: "
-                  "all: classic_, estimator_, lowlevel_ (exact and exact_noproducts) on 1ps1w "
-                  "and 1ps2w); a lowlevel one may end in :exact or :exact_noproducts.")
+                  "all: classic_, estimator_ (default flags and exact_noproducts), lowlevel_ "
+                  "(exact and exact_noproducts) on 1ps1w and 1ps2w); a lowlevel one may end in "
+                  ":exact or :exact_noproducts, an estimator one in :n/a (default flags) or "
+                  ":exact_noproducts.")
 sparse.define_flags(flags)
 
 # Quick: one round of each configuration a target needs (local, lowlevel_1ps1w,

@@ -307,9 +307,10 @@ class TrainConfig:
     ps_products: bool = _field(
         True, "Exact mode: compute a dense layer's weight gradient (and the first layer's "
         "forward product) on the ps that holds its kernel when that moves fewer bytes than "
-        "the kernel does (Project Adam; lowlevel/modes/ps_products.py). false: every product on "
-        "the worker, for a ps whose CPU, not its network, is the bound. A GPU worker keeps "
-        "its products.")
+        "the kernel does (Project Adam; lowlevel/modes/ps_products.py), for the built-in "
+        "models and a model_fn's MatMuls alike. false: every product on the worker, for a ps "
+        "whose CPU, not its network, is the bound. A GPU worker and towers keep their "
+        "products.")
     warmup_steps: int = _field(
         20, "Each task's first local steps, left out of the step times in "
         "<output_dir>/tasks/<task>.json.", minimum=0)

@@ -24,10 +24,11 @@ def test_configs_are_both_shapes_of_each_trainer_in_chain_order():
     cfgs = estimator_suite.configs(HIDDEN)
     assert [c.key for c in cfgs] == [
         "classic_1ps1w:n/a", "estimator_1ps1w:n/a", "lowlevel_1ps1w:exact_noproducts",
-        "lowlevel_1ps1w:exact", "classic_1ps2w:n/a", "estimator_1ps2w:n/a",
-        "lowlevel_1ps2w:exact_noproducts", "lowlevel_1ps2w:exact"]
+        "estimator_1ps1w:exact_noproducts", "lowlevel_1ps1w:exact",
+        "classic_1ps2w:n/a", "estimator_1ps2w:n/a", "lowlevel_1ps2w:exact_noproducts",
+        "estimator_1ps2w:exact_noproducts", "lowlevel_1ps2w:exact"]
     assert all(c.part == "estimator" and not c.sync and c.num_ps == 1 for c in cfgs)
-    assert [c.num_workers for c in cfgs] == [1] * 4 + [2] * 4
+    assert [c.num_workers for c in cfgs] == [1] * 5 + [2] * 5
     assert {c.trainer for c in cfgs} == {"classic", "estimator", "lowlevel"}
     picked = estimator_suite.configs(HIDDEN, ["classic_1ps2w", "lowlevel_1ps1w",
                                               "lowlevel_1ps2w:exact"])
@@ -37,13 +38,26 @@ def test_configs_are_both_shapes_of_each_trainer_in_chain_order():
         estimator_suite.configs(HIDDEN, ["estimator_2ps2w"])
 
 
+def test_the_model_fn_moves_the_built_in_exact_modes_bytes_with_the_runtimes_defaults():
+    by_key = {c.key: _configs.analytic_bytes(c, 16, 128) for c in estimator_suite.configs(HIDDEN)}
+    for s in estimator_suite.SHAPES:  # its products on the ps by default, as the built-in's
+        assert by_key[f"estimator_{s}:n/a"] == by_key[f"lowlevel_{s}:exact"] < 2.3e6
+        assert by_key[f"estimator_{s}:exact_noproducts"] == \
+            by_key[f"lowlevel_{s}:exact_noproducts"] == 8 * _configs.mlp_params(HIDDEN)
+
+
 def test_rounds_alternate_and_keep_each_ratio_back_to_back():
     cfgs = estimator_suite.configs(HIDDEN)
     even, odd = estimator_suite.round_order(cfgs, 0), estimator_suite.round_order(cfgs, 1)
     assert odd == even[::-1] and estimator_suite.round_order(cfgs, 2) == even
     keys = [c.key for c in even]
-    for s in estimator_suite.SHAPES:  # the target's two sides run one after the other
-        assert abs(keys.index(f"classic_{s}:n/a") - keys.index(f"estimator_{s}:n/a")) == 1
+    for s in estimator_suite.SHAPES:  # each target's two sides run one after the other
+        est = keys.index(f"estimator_{s}:n/a")
+        assert abs(keys.index(f"classic_{s}:n/a") - est) == 1
+        assert abs(keys.index(f"lowlevel_{s}:exact_noproducts") - est) == 1
+        # ... and those of the like-for-like ratio without the products
+        assert abs(keys.index(f"lowlevel_{s}:exact_noproducts") -
+                   keys.index(f"estimator_{s}:exact_noproducts")) == 1
 
 
 class FakeRunners:
@@ -70,10 +84,12 @@ def test_each_configuration_runs_its_trainer_with_the_same_model_and_steps():
     for cfg in estimator_suite.configs((64, 32)):
         _configs.run_config(cfg, 20, 300, "/nonexistent", 128, 0.1, 16, 60.0,
                             ("--intra_op_threads=1",), runners=runners)
-    assert len(runners.calls) == 8
+    assert len(runners.calls) == 10
     for i, (kind, _, workers, flags) in enumerate(runners.calls):
         assert _flag(flags, "train_steps") == str(320 * workers)  # global steps: async
-        if i % 4 == 1:  # the model_fn
+        # products off: the built-in's and the model_fn's exact_noproducts runs only
+        assert ("--ps_products=false" in flags) == (i % 5 in (2, 3))
+        if i % 5 in (1, 3):  # the model_fn
             assert kind == "lowlevel"
             assert _flag(flags, "model") == "benchmarks.estimator_model:model_fn"
             assert _flag(flags, "input_fn") == "benchmarks.estimator_model:input_fn"
@@ -82,12 +98,11 @@ def test_each_configuration_runs_its_trainer_with_the_same_model_and_steps():
             assert _flag(flags, "warmup_steps") == "20"
             assert "--intra_op_threads=1" in flags  # --lowlevel_flags reach it
             assert not any(f.startswith(("--dataset", "--hidden_units")) for f in flags)
-        elif i % 4 == 0:
+        elif i % 5 == 0:
             assert kind == "classic" and _flag(flags, "hidden_units") == "64,32"
             assert "--intra_op_threads=1" not in flags
         else:
             assert _flag(flags, "model") == "mlp" and _flag(flags, "hidden_units") == "64,32"
-            assert ("--ps_products=false" in flags) == (i % 4 == 2)
 
 
 def _run(name, mode, rnd, eps, load=2.0, ok=True):
@@ -132,7 +147,7 @@ def test_ratios_are_medians_of_within_round_ratios_and_targets_judge_them():
 
 
 def test_run_suite_runs_every_round_in_order_and_reports_each_run():
-    cfgs = estimator_suite.configs(HIDDEN, ["classic_1ps1w", "estimator_1ps1w"])
+    cfgs = estimator_suite.configs(HIDDEN, ["classic_1ps1w", "estimator_1ps1w:n/a"])
     order, sections = [], []
 
     def run(cfg, rnd, total):
@@ -242,7 +257,7 @@ def test_tiny_estimator_suite(tmp_path):
     numbers, the ratio and target are reported, and no process is left behind."""
     out = tmp_path / "bench"
     argv = [sys.executable, "-m", "benchmarks.throughput", "--suite=estimator", f"--out={out}",
-            "--estimator_configs=classic_1ps1w,estimator_1ps1w", "--hidden_units=32,32",
+            "--estimator_configs=classic_1ps1w,estimator_1ps1w:n/a", "--hidden_units=32,32",
             "--repeats=1", "--measure_secs=1", "--min_steps=300", "--warmup_steps=20",
             "--run_timeout_secs=50"]
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """Dense layers' products on the ps (`lowlevel.modes.ps_products`): the cost model, where the
-exact graph puts each product, and a real 1 ps + 1 worker cluster training the same
-model with them as without them. (The bytes they save are measured on the wire by
+exact graph puts each product (the built-in MLP's and a model_fn's), and a real 1 ps + 1
+worker cluster training the same model (built-in, then model_fn) with them as without them. (The bytes they save are measured on the wire by
 tests/test_throughput.py against `mlp_step_floats`.)"""
 
 import os
@@ -15,8 +15,10 @@ from lowlevel.data import catalogue
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.models import catalogue as models
 from lowlevel.modes import ps_products
-from lowlevel.cluster.spec import ClusterFlags, from_flags
+from lowlevel.cluster.spec import Cluster, ClusterFlags, Task, from_flags
 from lowlevel.config import TrainConfig
+from lowlevel.models.model_fn_model import ModelFnModel
+from lowlevel.runtime import model_graph
 
 v1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,4 +151,77 @@ def test_a_real_cluster_trains_the_same_model_with_the_products_on_the_ps(tmp_pa
     for name in ("model/hidden0/kernel", "model/hidden1/kernel", "model/logits/kernel",
                  "model/hidden0/bias"):
         # ... and the 200 steps between did train it
+        assert np.abs(on.get_tensor(name) - first.get_tensor(name)).max() > 1e-3, name
+
+
+def _model_fn_graph(tmp_path, ps_products_on: bool):
+    """The benchmark's MLP as a model_fn (`benchmarks/estimator_model.py`), built by the
+    model_fn path for worker 0 of 1 ps + 1 worker."""
+    from benchmarks import estimator_model
+    model = ModelFnModel(estimator_model.model_fn, {"hidden_units": [512, 512],
+                                                    "batch_size": 128},
+                         None, str(tmp_path), input_fn=estimator_model.input_fn)
+    cluster = Cluster(("127.0.0.1:1000",), ("127.0.0.1:2000",))
+    config = TrainConfig(train_steps=10, ps_products=ps_products_on)
+    return model_graph.build(config, model, cluster, Task("worker", 0)).graph
+
+
+def _model_fn_weight_gradient(graph, matmul: str):
+    ops = [op for op in graph.get_operations() if op.type == "MatMul" and
+           op.name.startswith(f"gradients/{matmul}_grad/") and op.get_attr("transpose_a")]
+    assert len(ops) == 1, [op.name for op in ops]
+    return ops[0]
+
+
+def test_a_model_fn_gets_the_products_on_the_ps_as_the_built_in_models_do(tmp_path):
+    graph = _model_fn_graph(tmp_path, True)
+    worker = "/job:worker/task:0/device:CPU:0"
+    # the first layer (hid0, 784 x 512 at batch 128): forward, its bias and ReLU follow
+    for name in ("MatMul", "BiasAdd", "Relu"):
+        assert _op(graph, name).device == PS, name
+    assert _model_fn_weight_gradient(graph, "MatMul").device == PS
+    # nothing on the worker reads the first kernel: the model_fn's step never moves it
+    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and
+             op.inputs[0].op.name == "hid0_w"]
+    users = [c for r in reads for c in r.outputs[0].consumers()]
+    assert users and all(c.device == PS for c in users), [(c.name, c.device) for c in users]
+    # the second layer: forward on the worker, weight gradient on the ps; the last classic
+    assert _op(graph, "MatMul_1").device == worker
+    assert _model_fn_weight_gradient(graph, "MatMul_1").device == PS
+    assert _model_fn_weight_gradient(graph, "MatMul_2").device == worker
+    # --ps_products=false: every product on the worker
+    off = _model_fn_graph(tmp_path, False)
+    for matmul in ("MatMul", "MatMul_1", "MatMul_2"):
+        assert _op(off, matmul).device == worker
+        assert _model_fn_weight_gradient(off, matmul).device == worker
+
+
+def _train_model_fn(out, *flags):
+    argv = [sys.executable, "-m", "lowlevel.launch", "--num_ps=1", "--num_workers=1",
+            "--no_isolation", "--model=benchmarks.estimator_model:model_fn",
+            "--input_fn=benchmarks.estimator_model:input_fn",
+            '--params={"hidden_units": [512, 512], "batch_size": 128}', "--train_steps=200",
+            "--save_checkpoint_steps=100", "--intra_op_threads=1",  # as `_train`'s
+            f"--output_dir={out}", *flags]
+    done = clusters.run(argv, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+@pytest.mark.cluster
+def test_a_real_cluster_trains_the_same_model_fn_with_the_products_on_the_ps(tmp_path):
+    on_log = _train_model_fn(tmp_path / "on")
+    off_log = _train_model_fn(tmp_path / "off", "--ps_products=false")
+    assert "MatMul: forward on /job:ps/task:0" in on_log
+    assert "MatMul_1: weight_gradient on /job:ps/task:0" in on_log
+    assert "forward on" not in off_log and "weight_gradient on" not in off_log
+    on, off = (tf.train.load_checkpoint(str(tmp_path / d)) for d in ("on", "off"))
+    assert on.get_tensor("global_step") == off.get_tensor("global_step") == 200
+    first = tf.train.load_checkpoint(str(tmp_path / "on" / "model.ckpt-100"))
+    names = on.get_variable_to_shape_map()
+    assert set(names) == set(off.get_variable_to_shape_map())
+    # the model_fn's own ops on the same batches; only their devices differ: bitwise equal
+    for name in sorted(names):
+        np.testing.assert_array_equal(on.get_tensor(name), off.get_tensor(name), err_msg=name)
+    for name in ("hid0_w", "hid0_b", "hid1_w", "sm_w"):
         assert np.abs(on.get_tensor(name) - first.get_tensor(name)).max() > 1e-3, name

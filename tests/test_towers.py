@@ -79,7 +79,10 @@ def _model_fn_run(towers: int, model_fn, tmp_path, steps: int = 6):
     params = {"hidden_units": [512, 64], "learning_rate": 0.1, "batch_size": 64}
     model = ModelFnModel(model_fn, params, None, str(tmp_path / f"m{towers}"),
                          input_fn=estimator_model.input_fn)
-    g = model_graph.build(TrainConfig(towers=towers, train_steps=1000), model, cluster, task)
+    # one device without the products on the ps, as towers are (a tower's product on the ps
+    # would send its inputs there once per tower): the same crossings to compare
+    config = TrainConfig(towers=towers, train_steps=1000, ps_products=False)
+    g = model_graph.build(config, model, cluster, task)
     return _run_graph(g, server, session_config, steps)
 
 

@@ -116,12 +116,15 @@ def fuse_gradients(grads_and_vars, worker_device: str) -> list:
       worker_device: where the gradients are concatenated.
     Returns:
       The pairs in the same order; a fused pair's gradient is its slice of the flat
-      tensor, split on the variable's ps (same shape and dtype).
+      tensor, split on the variable's ps (same shape and dtype). A gradient computed on
+      its variable's task already (a layer's backward on the ps,
+      `lowlevel.modes.ps_products`) is left where it is.
     """
     pairs = list(grads_and_vars)
     groups = collections.defaultdict(list)  # (ps device, dtype) -> [index in pairs]
     for i, (g, v) in enumerate(pairs):
-        if isinstance(g, tf.Tensor) and is_small(v) and g.shape.is_fully_defined():
+        if (isinstance(g, tf.Tensor) and is_small(v) and g.shape.is_fully_defined()
+                and not _at_home(g, v)):
             groups[(v.device, g.dtype.base_dtype)].append(i)
     for (device, _), indices in groups.items():
         if len(indices) < 2:
@@ -133,6 +136,11 @@ def fuse_gradients(grads_and_vars, worker_device: str) -> list:
             for i, piece in zip(indices, pieces):
                 pairs[i] = (tf.reshape(piece, pairs[i][1].shape), pairs[i][1])
     return pairs
+
+
+def _at_home(gradient, v) -> bool:
+    """Whether `gradient` is computed on the task that holds `v` (it then never crosses)."""
+    return bool(gradient.device and v.device) and _task(gradient.device) == _task(v.device)
 
 
 def _handle_op(v):

@@ -18,6 +18,18 @@ op, is left alone); its `make_session_run_hook` returns the runtime's hook
 (`sync_hook`), whose chief loop stops at the last step instead of hanging in the
 ps's accumulators (tensorflow/tensorflow#7970).
 
+How the gradients are built (`compute_gradients`, which `minimize` calls): ungated
+(`gate_gradients=GATE_NONE`, as TF2's `tf.gradients` builds them; `minimize`'s default is
+GATE_OP) when every variable is a resource variable. GATE_OP makes each op's gradients
+wait for one another before any is used: a guard for reference variables, which an update
+may change in place under a gradient still reading them, where a resource variable is
+copied first. It costs a step a wait across tasks when an op's gradients are computed on
+two of them (a layer's weight gradient on the ps, `lowlevel.modes.ps_products`). With
+`colocate_gradients`, each gradient op beside its forward op
+(`colocate_gradients_with_ops=True`, what `tf.gradients` always does; `minimize` passes
+False): the backward pass of a layer computed on a ps stays there. Values are the same
+either way; only devices and the order of independent ops change.
+
 The patch is on the classes, for the duration of the `with` block, in the
 building thread (graph building is single-threaded). Optimizers that are not
 `tf.compat.v1.train.Optimizer`s (Keras' `tf.keras.optimizers`) are not taken
@@ -78,7 +90,8 @@ def marking_sync_apply(own_sync_apply: Callable, on_apply: Callable) -> Callable
 
 
 @contextlib.contextmanager
-def capture(global_step, update: Callable, sync_hook: Callable):
+def capture(global_step, update: Callable, sync_hook: Callable,
+            colocate_gradients: bool = False):
     """Within the block, the model_fn's optimizer applies through `update`; yields `Captured`.
 
     Args:
@@ -88,6 +101,8 @@ def capture(global_step, update: Callable, sync_hook: Callable):
         global_step=None)`, which is the optimizer's own.
       sync_hook: `sync_hook(sync_optimizer, is_chief, num_tokens) -> SessionRunHook`,
         what `SyncReplicasOptimizer.make_session_run_hook` returns instead of its own.
+      colocate_gradients: each gradient op is built beside its forward op (see the
+        module's docstring).
     """
     captured = Captured()
     base, sync = v1.train.Optimizer, v1.train.SyncReplicasOptimizer
@@ -103,6 +118,12 @@ def capture(global_step, update: Callable, sync_hook: Callable):
 
     def compute_gradients(self, loss, *args, **kwargs):
         captured.loss = loss
+        if colocate_gradients:
+            args, kwargs = _with_argument(args, kwargs, _COLOCATE_AT,
+                                          "colocate_gradients_with_ops", True)
+        if _all_resource(_argument(args, kwargs, _VAR_LIST_AT, "var_list")):
+            args, kwargs = _with_argument(args, kwargs, _GATE_AT, "gate_gradients",
+                                          base.GATE_NONE)
         return own_compute(self, loss, *args, **kwargs)
 
     def note_sync(sync_optimizer, _global_step):
@@ -121,3 +142,32 @@ def capture(global_step, update: Callable, sync_hook: Callable):
     finally:
         base.apply_gradients, base.compute_gradients = own_apply, own_compute
         sync.apply_gradients, sync.make_session_run_hook = own_sync_apply, own_sync_hook
+
+
+# `Optimizer.compute_gradients(loss, var_list, gate_gradients, aggregation_method,
+# colocate_gradients_with_ops, grad_loss)`: the arguments' places after `loss`.
+_VAR_LIST_AT, _GATE_AT, _COLOCATE_AT = 0, 1, 3
+
+
+def _argument(args: tuple, kwargs: dict, at: int, name: str):
+    """The argument `name` (at `at` after `loss`) of a `compute_gradients` call, or None."""
+    return args[at] if len(args) > at else kwargs.get(name)
+
+
+def _with_argument(args: tuple, kwargs: dict, at: int, name: str, value) -> tuple:
+    """`compute_gradients`' (args, kwargs) after `loss`, with `name` (at `at`) = `value`."""
+    if len(args) > at:
+        return args[:at] + (value,) + args[at + 1:], kwargs
+    return args, dict(kwargs, **{name: value})
+
+
+def _all_resource(var_list) -> bool:
+    """Whether every variable the gradients are for (`var_list`, else the trainable ones
+    and the trainable resource variables, as `compute_gradients` takes them) is a
+    resource variable."""
+    if var_list is None:
+        var_list = (v1.trainable_variables() +
+                    v1.get_collection(v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+    variables = tf.nest.flatten(var_list)
+    return bool(variables) and all(
+        getattr(getattr(v, "handle", None), "dtype", None) == tf.resource for v in variables)

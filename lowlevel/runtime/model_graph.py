@@ -4,14 +4,19 @@ Between-graph replication as for the built-in models (`graph`): the worker
 builds the whole graph with its variables on the ps tasks, byte-balanced
 (`placement`, measured by building the model once in a scratch graph), calls
 the training `input_fn` and the `model_fn` in TRAIN mode, and runs the step the
-model_fn built, with four changes that leave the model_fn as it is
-(`modes.optimizer_capture`, `modes.fused_transfer`):
+model_fn built, with five changes that leave the model_fn as it is
+(`modes.optimizer_capture`, `modes.fused_transfer`, `modes.ps_products`):
 
 - on a cluster, the small variables the worker reads come from one read per ps,
   and their gradients go back in one tensor per ps (the built-in models' fused
   transfer, applied to the built graph: `fused_transfer`);
+- on a CPU worker with one device (`--ps_products`), each dense layer's product
+  runs where it moves the fewest bytes, its kernel's ps or the worker, as for the
+  built-in models (`ps_products`: the model_fn's MatMuls placed while it builds);
 - async, its optimizer's apply with the global step becomes the counted update
-  (`exact.counted_update`): the run ends at exactly the last step;
+  (`exact.counted_update`): the run ends at exactly the last step; its gradients are
+  built ungated, as `tf.gradients` builds the built-in models', when its variables
+  are resource variables (`optimizer_capture`: same values, no wait across tasks);
 - `--sync` wraps that optimizer in a `SyncReplicasOptimizer`; a model_fn that
   wraps it itself gets the runtime's sync hook from `make_session_run_hook`, which
   does not hang at the last step;
@@ -43,7 +48,7 @@ from lowlevel.models import input_fns, user
 from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.modes import exact, fused_transfer, optimizer_capture
+from lowlevel.modes import exact, fused_transfer, optimizer_capture, ps_products
 from lowlevel.modes import towers as towers_lib
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.runtime import hooks, placement
@@ -82,7 +87,10 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             replicas = config.replicas_to_aggregate or num_workers
             made = _StepMaker(config, worker, global_step, sync, replicas, num_workers, cluster,
                               towers=len(devices))
-            with optimizer_capture.capture(global_step, made.update, made.sync_hook) as cap:
+            on_ps = _products_on_ps(config, worker, devices)
+            with optimizer_capture.capture(global_step, made.update, made.sync_hook,
+                                           colocate_gradients=on_ps) as cap, \
+                    ps_products.placed(on_ps):
                 spec = (_tower_specs(model, features, labels, devices, worker)
                         if len(devices) > 1 else _call_model_fn(model, features, labels))
             if worker:
@@ -97,6 +105,17 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             step = _step_value(spec, cap, global_step, config.train_steps, cluster, model)
         return _assemble(config, model, cluster, task, graph, spec, step, global_step, made,
                          cap, input_hooks, _batch_size(labels, features), preempted)
+
+
+def _products_on_ps(config: TrainConfig, worker: Optional[str], devices) -> bool:
+    """Whether the model_fn's dense layers' products may run on their kernels' ps
+    (`ps_products`, as for the built-in models: `--ps_products`, a CPU worker with one
+    tower, on a cluster). Its MatMuls and their gradients are placed while it builds,
+    each gradient beside its forward op (the backward of a layer forward on the ps runs
+    there, as the built-in models' does); a layer whose batch is not static stays
+    classic."""
+    return bool(config.ps_products and worker and "GPU" not in worker.upper()
+                and len(devices) == 1)
 
 
 def _seed(config: TrainConfig, model: ModelFnModel) -> int:
