@@ -5,6 +5,7 @@ that must stay (inside a `tf.cond`) stay; the benchmark's model_fn built for a 2
 cluster moves one read and one gradient tensor per ps for its small variables."""
 
 import numpy as np
+import one_process
 import pytest
 import tensorflow as tf
 
@@ -88,18 +89,10 @@ def _graph(fused: bool):
 def _run(graph, train, init, steps=4):
     """Losses and final variables of `steps` steps, the graph's devices cleared (one
     process): the rewired graph as it is, minus where it runs."""
-    graph_def = graph.as_graph_def()
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    for node in nodes:
-        node.device = ""
-        if "_class" in node.attr:  # colocation with a variable's ps
-            del node.attr["_class"]
-    with tf.Graph().as_default() as g:
-        tf.graph_util.import_graph_def(graph_def, name="")
-        with v1.Session(graph=g) as sess:
-            sess.run(init.name)
-            losses = [sess.run(["loss:0", train.name])[0] for _ in range(steps)]
-            values = sess.run([f"{n}/Read/ReadVariableOp:0" for n in ("w0", "b0", "w1", "b1")])
+    with one_process.session_without_devices(graph) as sess:
+        sess.run(init.name)
+        losses = [sess.run(["loss:0", train.name])[0] for _ in range(steps)]
+        values = sess.run([f"{n}/Read/ReadVariableOp:0" for n in ("w0", "b0", "w1", "b1")])
     return losses, values
 
 

@@ -7,6 +7,7 @@ optimizer, bitwise.
 """
 
 import numpy as np
+import one_process
 import pytest
 import tensorflow as tf
 
@@ -73,14 +74,7 @@ def test_the_captured_step_computes_what_the_optimizer_alone_does(use_resource):
     results = []
     for capture in (False, True):
         graph, train, loss, values, init = _build(capture, use_resource, colocate=capture)
-        # one process: clear the devices the model named
-        graph_def = graph.as_graph_def()
-        for node in graph_def.node:
-            node.device = ""
-            if "_class" in node.attr:
-                del node.attr["_class"]
-        with tf.Graph().as_default() as g, v1.Session(graph=g) as sess:
-            tf.graph_util.import_graph_def(graph_def, name="")
+        with one_process.session_without_devices(graph) as sess:
             sess.run(init.name)
             losses = [sess.run([loss.name, train.name])[0] for _ in range(3)]
             results.append((losses, sess.run([v.name for v in values])))

@@ -57,7 +57,7 @@ def test_a_forward_layer_keeps_its_kernel_and_bias_out_of_the_fusion():
     # 784 x 512 at batch 128: forward
     assert _forward_layer_variables((512, 512), 128) == {"model/hidden0/kernel",
                                                          "model/hidden0/bias"}
-    # 784 x 8 (25 KB, which exact.SmallVariables would fuse): classic at batch 128,
+    # 784 x 8 (25 KB, which the fused transfer would fuse): classic at batch 128,
     # B (n + 2m) = 102 K floats > 2 n m = 12.5 K; forward at batch 4 (3.2 K), and then the
     # kernel too must stay out of the fusion, or it would not be read where it lives
     assert _forward_layer_variables((8,), 128) == set()

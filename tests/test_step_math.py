@@ -3,12 +3,14 @@ fused small variables give the plain graph's gradients, the counted update stops
 last step, and local SGD's exchanges add, merge and resync as documented."""
 
 import numpy as np
+import one_process
 import pytest
 import tensorflow as tf
 
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
 from lowlevel.modes import exact, local_sgd
+from lowlevel.runtime import graph as graph_lib
 
 v1 = tf.compat.v1
 CPU = "/device:CPU:0"
@@ -22,29 +24,31 @@ def _batch(n=32):
 
 @pytest.mark.parametrize("model,hidden", [("mlp", (128, 128)), ("cnn", (32,))])
 def test_fused_small_variables_give_the_plain_gradients(model, hidden):
+    """The built-in exact step's fused transfer (`graph._fused_gradients`: the reads rewired
+    after the step is built, the gradients concatenated on the worker and split on the ps)
+    computes the plain graph's loss and gradients."""
     images, labels, digits = _batch()
-    with tf.Graph().as_default():
+    ps, worker = "/job:ps/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:0"
+    with tf.Graph().as_default() as graph:
         x, y = tf.constant(images), tf.constant(labels)
-
-        def logits(inputs):
-            return models.build(model, inputs, digits.num_classes, hidden, 0, None)
-
-        with v1.variable_scope("", reuse=v1.AUTO_REUSE):
-            plain_loss, _ = models.loss_and_accuracy(logits(x), y)
-            variables = v1.trainable_variables()
-            plain = tf.gradients(plain_loss, variables)
-            small = exact.SmallVariables(variables, CPU)
-            small.pull()
-            with v1.variable_scope(v1.get_variable_scope(), custom_getter=small):
-                fused_loss, _ = models.loss_and_accuracy(logits(x), y)
-            fused = dict((v.op.name, g) for g, v in small.gradients(fused_loss, variables))
-        assert len(small.fused) >= 2  # the test exercises the fused path
-        assert set(fused) == {v.op.name for v in variables}
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            a, b, la, lb = sess.run([plain, [fused[v.op.name] for v in variables],
-                                     plain_loss, fused_loss])
-    assert la == pytest.approx(lb, abs=1e-6)
+        with tf.device(ps):  # the variables, created by a first build (the probe's)
+            models.build(model, x, digits.num_classes, hidden, 0, None)
+        with tf.device(worker):
+            loss, _ = models.loss_and_accuracy(
+                models.build(model, x, digits.num_classes, hidden, 0, None), y)
+        variables = v1.trainable_variables()
+        with tf.device(worker):
+            plain = tf.gradients(loss, variables)
+        fused = graph_lib._fused_gradients(graph, loss, None, (None,), worker, set(), ())
+        init = v1.global_variables_initializer()
+    assert sum(c.type == "SplitV" for c in graph.get_operations()) >= 2  # the fused path
+    fused = {v.op.name: g for g, v in fused}
+    assert set(fused) == {v.op.name for v in variables}
+    with one_process.session_without_devices(graph) as sess:
+        sess.run(init.name)
+        values = sess.run([t.name for t in [loss] + plain +
+                           [fused[v.op.name] for v in variables]])
+    a, b = values[1:1 + len(variables)], values[1 + len(variables):]
     for v, ga, gb in zip(variables, a, b):
         np.testing.assert_allclose(gb, ga, atol=1e-6, rtol=0, err_msg=v.op.name)
         assert np.abs(ga).max() > 0, v.op.name  # a real gradient, not two zeros

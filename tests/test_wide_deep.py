@@ -16,7 +16,7 @@ from lowlevel.config import TrainConfig
 from lowlevel.data import ctr as ctr_data
 from lowlevel.errors import UsageError
 from lowlevel.models import embeddings
-from lowlevel.modes import exact
+from lowlevel.modes import fused_transfer
 from lowlevel.runtime import graph as graph_lib
 from lowlevel.runtime import placement
 
@@ -116,8 +116,8 @@ def test_lookups_gather_on_the_ps_deduplicate_and_apply_sparse_adagrad(ctr, exac
     assert table_names and table_names <= applied
     dense_applied = {op.inputs[0].op.name for op in ops if op.type == "ResourceApplyAdagrad"}
     assert not dense_applied & table_names
-    small = exact.SmallVariables(_tables(g), "/job:worker/task:1/device:CPU:0")
-    assert small.fused == []  # tables are never read whole
+    # tables are never read whole: no read of theirs for the fused transfer to move
+    assert fused_transfer.fuse_reads(g.graph, _tables(g), "/job:worker/task:1/device:CPU:0") == []
 
 
 def test_sync_mode_aggregates_table_gradients_sparsely(ctr, collect_graphs_quietly):

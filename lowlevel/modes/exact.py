@@ -9,8 +9,9 @@ it computes:
   biases and last kernel are 4 of its 6 tensors but 1 % of its bytes. The
   variables under `SMALL_BYTES` on a ps are read there as one flat tensor,
   split on the worker, and their gradients go back as one flat tensor, split
-  on the ps. (Fusing the large kernels as well only adds copies: measured,
-  benchmarks/NOTES.md.)
+  on the ps (`lowlevel.modes.fused_transfer`, applied to the built step of a
+  built-in model and of a model_fn alike). (Fusing the large kernels as well
+  only adds copies: measured, benchmarks/NOTES.md.)
 - Large kernels move less: `lowlevel.modes.ps_products` computes a dense layer's
   weight gradient, and the first layer's forward product, on the kernel's ps
   when that moves fewer bytes than the kernel does.
@@ -21,77 +22,13 @@ it computes:
 
 from __future__ import annotations
 
-import collections
 from typing import Optional
 
 import tensorflow as tf
 
-from lowlevel.models import embeddings
-
 v1 = tf.compat.v1
 
 SMALL_BYTES = 64 << 10  # below this a variable's transfer costs its RPC, not its bytes
-
-
-class SmallVariables:
-    """A `custom_getter` that hands the model worker-side values of the small variables.
-
-    Build the model once without it (creating the variables), call `pull`,
-    then build the model again with it: the small variables' reads come from
-    one flat tensor per ps. Embedding tables (`embeddings.TABLES`) are never
-    fused, however small: they are read row by row. `gradients` then gives (gradient, variable) pairs
-    with the small ones' gradients sent back in one flat tensor per ps.
-    """
-
-    def __init__(self, variables, worker_device: str):
-        self._device = worker_device
-        self._groups = collections.defaultdict(list)  # ps device -> [variable]
-        for v in variables:
-            # An embedding table stays a variable: its gradient must stay sparse.
-            if is_small(v) and not embeddings.is_table(v):
-                self._groups[v.device].append(v)
-        self._groups = {d: vs for d, vs in self._groups.items() if len(vs) > 1}
-        self._values: dict[str, object] = {}
-        self._flats: dict[str, object] = {}
-
-    @property
-    def fused(self) -> list:
-        return [v for vs in self._groups.values() for v in vs]
-
-    def pull(self) -> None:
-        """Builds, per ps, the flat read of its small variables and the split on the worker."""
-        for device, variables in self._groups.items():
-            with tf.device(device):
-                flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
-            with tf.device(self._device):
-                pieces = tf.split(flat, [v.shape.num_elements() for v in variables])
-                for v, piece in zip(variables, pieces):
-                    self._values[v.op.name] = tf.reshape(piece, v.shape)
-            self._flats[device] = flat
-
-    def __call__(self, getter, name, *args, **kwargs):
-        var = getter(name, *args, **kwargs)
-        op = getattr(var, "op", None)
-        return self._values.get(op.name, var) if op is not None else var
-
-    def gradients(self, loss, variables, gradients_of=None) -> list:
-        """[(gradient, variable)] of `loss` for `variables`, in one backward pass.
-
-        `gradients_of`: a function of the list of tensors and variables to
-        differentiate for, returning their gradients, instead of `tf.gradients(loss, xs)`
-        (towers: `lowlevel.modes.towers.gradients`)."""
-        fused = {id(v) for v in self.fused}
-        others = [v for v in variables if id(v) not in fused]
-        devices = list(self._flats)
-        xs = others + [self._flats[d] for d in devices]
-        grads = gradients_of(xs) if gradients_of else tf.gradients(loss, xs)
-        pairs = [(g, v) for g, v in zip(grads, others) if g is not None]
-        for device, g_flat in zip(devices, grads[len(others):]):
-            variables_here = self._groups[device]
-            with tf.device(device):
-                pieces = tf.split(g_flat, [v.shape.num_elements() for v in variables_here])
-                pairs += [(tf.reshape(p, v.shape), v) for p, v in zip(pieces, variables_here)]
-        return pairs
 
 
 def counted_update(opt, grads_and_vars, global_step, last_step: int,

@@ -1,19 +1,20 @@
-"""The fused transfer for a model the runtime did not build (an Estimator `model_fn`).
+"""The fused transfer: a model's small variables read in one tensor per ps, their gradients
+pushed in one.
 
 Each tensor that crosses between a worker and a ps is one `RecvTensor` RPC, and
 with every core busy each RPC's fixed CPU cost counts whatever its size
-(`lowlevel.modes.exact`: the built-in models read their small variables as one
-flat tensor per ps and push their gradients back as one). A `model_fn` builds
-its own graph, so the same is done after it is built, without changing it:
+(`lowlevel.modes.exact`). It is done to the step once it is built, without
+changing how the model was written: an Estimator `model_fn`'s
+(`lowlevel.runtime.model_graph`) and a built-in model's (`lowlevel.runtime.graph`) alike.
 
 - `fuse_reads`: per ps, one flat read of the small variables the worker reads,
   split on the worker; every op on the worker that consumed a read of one of
   them now consumes its slice of that split. Values are the same, so the
-  gradients the model_fn already built (whose ops consume the same reads) are
+  gradients the model already built (whose ops consume the same reads) are
   too.
 - `fuse_gradients`: per ps, the small dense gradients concatenated on the worker
-  and split on the ps, before the optimizer's apply (`optimizer_capture` hands
-  the runtime the model's `grads_and_vars`).
+  and split on the ps, before the optimizer's apply (a model_fn's `grads_and_vars`
+  from `optimizer_capture`); a gradient computed on its variable's ps stays there.
 
 - `share_reads`: for a model built once per device (`lowlevel.modes.towers`),
   every other variable's worker-side reads moved to one read per step, held on
@@ -21,7 +22,8 @@ its own graph, so the same is done after it is built, without changing it:
 
 What keeps its classic reads (one RPC each; logged once per graph): a read
 inside a `tf.while_loop` or `tf.cond`, a read ordered by a control dependency
-(it must see its predecessor's effect), a reference (non-resource) variable,
+(it must see its predecessor's effect; the step's own wait, `fuse_reads`' `after`,
+moves with it), a reference (non-resource) variable,
 a variable of `SMALL_BYTES` or more, and a ps holding a single small variable.
 
 Rewiring a consumer uses `tf.Operation._update_input` (TensorFlow's
@@ -43,20 +45,24 @@ from lowlevel.modes.exact import is_small
 v1 = tf.compat.v1
 
 
-def fuse_reads(graph: tf.Graph, variables, worker_device: str) -> list:
+def fuse_reads(graph: tf.Graph, variables, worker_device: str, after=()) -> list:
     """Rewires the worker's reads of the small `variables` to one flat read per ps.
 
     Args:
-      graph: the built training graph (the model_fn's ops in it).
+      graph: the built training graph (the model's ops in it).
       variables: candidate variables (the model's trainable ones).
       worker_device: where the flat reads are split, e.g. "/job:worker/task:0/device:CPU:0".
+      after: tensors every read of the step was built to wait for
+        (`tf.control_dependencies`; the data queue's sync reads global_step before every
+        parameter, `lowlevel.modes.elastic_sync`): a read under no other control
+        dependency may move, and the flat read waits for them too.
     Returns:
       The variables whose worker-side reads now come from a fused read.
     """
-    reads = _resource_reads(graph)
+    reads, waits = _resource_reads(graph), {t.op for t in after}
     groups, kept = collections.defaultdict(list), []
     for v in variables:
-        consumers = _worker_consumers(v, reads.get(id(_handle_op(v)), []))
+        consumers = _worker_consumers(v, reads.get(id(_handle_op(v)), []), waits)
         if consumers is None:
             kept.append(v)
         elif consumers and is_small(v):
@@ -66,7 +72,7 @@ def fuse_reads(graph: tf.Graph, variables, worker_device: str) -> list:
         if len(members) < 2:
             kept.extend(v for v, _ in members)
             continue
-        _rewire(members, device, worker_device)
+        _rewire(members, device, worker_device, after)
         fused.extend(v for v, _ in members)
         reads += 1
     if fused:
@@ -157,10 +163,10 @@ def _resource_reads(graph: tf.Graph) -> dict:
     return out
 
 
-def _worker_consumers(v, reads):
+def _worker_consumers(v, reads, waits=frozenset()):
     """[(consumer op, input index)] on another task than `v`'s that read `v`; None when a
     read cannot move (a reference variable, a read in control flow or after a control
-    dependency, a consumer in control flow)."""
+    dependency other than `waits`' ops, a consumer in control flow)."""
     if _handle_op(v) is None or not v.device:
         return None
     home = _task(v.device)
@@ -170,7 +176,7 @@ def _worker_consumers(v, reads):
                   for i, t in enumerate(c.inputs) if t is read.outputs[0] and _remote(c, home)]
         if not remote:
             continue
-        if read.control_inputs or _in_control_flow(read) or any(
+        if set(read.control_inputs) - waits or _in_control_flow(read) or any(
                 _in_control_flow(c) for c, _ in remote):
             return None
         out.extend(remote)
@@ -194,11 +200,11 @@ def _in_control_flow(op) -> bool:
     return getattr(op, "_control_flow_context", None) is not None
 
 
-def _rewire(members, device: str, worker_device: str) -> None:
-    """One flat read of `members`' variables on `device`, split on `worker_device`; each
-    consumer's input moved to its variable's slice."""
+def _rewire(members, device: str, worker_device: str, after=()) -> None:
+    """One flat read of `members`' variables on `device` (after `after`), split on
+    `worker_device`; each consumer's input moved to its variable's slice."""
     variables = [v for v, _ in members]
-    with tf.device(device):
+    with tf.device(device), tf.control_dependencies(list(after)):
         flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
     with tf.device(worker_device):
         pieces = tf.split(flat, [v.shape.num_elements() for v in variables])

@@ -29,7 +29,7 @@ input there, and its bias is read and updated there, never fused with the small
 variables (`forward_layer_variables`). For the benchmark's MLP (784-512-512-10,
 batch 128) a step moves 2.28 MB instead of 5.36 MB (benchmarks/NOTES.md): the first layer
 forward, the second weight_gradient, the last (512 x 10, fused with the
-biases by `lowlevel.modes.exact`) classic. A partitioned kernel (sharded over ps
+biases by `lowlevel.modes.fused_transfer`) classic. A partitioned kernel (sharded over ps
 tasks) is read as one concatenated tensor on the worker and stays classic.
 
 The cost model (`choose`, `mlp_step_floats`) needs no TensorFlow, so the
@@ -79,7 +79,7 @@ def mlp_step_floats(widths, batch: int, small_floats: int = 0) -> int:
     """Floats a worker's exact step moves for an MLP of `widths` ([784, 512, 512, 10]).
 
     Both directions. A kernel of at most `small_floats` travels with the biases
-    (`exact.SmallVariables`, classic); the others by `choose`, where the output of
+    (`fused_transfer`, classic); the others by `choose`, where the output of
     a forward layer is computed on the ps (its bias never travels) and its next
     layer's input is there.
     """
@@ -115,7 +115,7 @@ def forward_layer_variables(ops, batch: int) -> set:
 
     `ops`: a build of the model outside `placed` (the one that creates its
     variables), in creation order; `batch`: the training batch, B. The exact
-    step must not fuse these (`exact.SmallVariables`): fused, a forward layer's
+    step must not fuse these (`fused_transfer`): fused, a forward layer's
     bias would go ps -> worker -> ps before the layer could start and its
     gradient back and forth after the step's last product (~0.4 ms a step,
     benchmarks/NOTES.md), and a fused kernel would not be read where it lives,

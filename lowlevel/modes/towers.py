@@ -10,8 +10,8 @@ towers share the variables:
 - every parameter crosses from its ps once per step, onto the worker's hub
   device (its CPU), and each tower takes the hub's copy: a device-to-device
   copy inside the process, not a second read from the ps (the small variables
-  in their fused reads, `lowlevel.modes.exact`; the others by
-  `lowlevel.modes.fused_transfer.share_reads`, once the towers are built);
+  in their fused reads, the others by one shared read each: both by
+  `lowlevel.modes.fused_transfer`, once the towers are built);
 - the towers' gradients are summed on the worker and scaled by 1/towers, and
   pushed once per ps per step: the step is the one a single
   device would take on the whole `towers x batch_size` batch, and the bytes

@@ -17,7 +17,6 @@ The hooks come in the order of the end-of-training protocol
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from typing import Optional
 
@@ -32,6 +31,7 @@ from lowlevel.errors import UsageError
 from lowlevel.data import images as data_lib
 from lowlevel.data import spans
 from lowlevel.models import catalogue as models
+from lowlevel.models import embeddings
 from lowlevel.models.optimizers import make_optimizer
 from lowlevel.modes import elastic_sync, exact, fused_transfer, local_sgd, ps_products
 from lowlevel.modes import towers as towers_lib
@@ -292,8 +292,9 @@ def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step
 
 def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
                 worker_device: str, probe_inputs, devices=(None,), span=None) -> Step:
-    """The exact mode: small variables travel together (`lowlevel.modes.exact`), dense layers'
-    products run where they move fewest bytes (`lowlevel.modes.ps_products`); async or sync.
+    """The exact mode: small variables travel together (`lowlevel.modes.fused_transfer`, as
+    for a model_fn), dense layers' products run where they move fewest bytes
+    (`lowlevel.modes.ps_products`); async or sync.
 
     `devices`: more than one, the step's towers (`lowlevel.modes.towers`), with
     `worker_device` their hub; they keep their products (a tower's product on the
@@ -307,15 +308,9 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
              and len(devices) == 1)
     on_ps_only = (ps_products.forward_layer_variables(graph.get_operations()[first:],
                                                       config.batch_size) if on_ps else set())
-    small = exact.SmallVariables([v for v in v1.trainable_variables()
-                                  if v.op.name not in on_ps_only], worker_device)
     # sync from the data queue: global_step read before every parameter (elastic_sync, 1.)
-    local_step = global_step.read_value() if mode.sync and span is not None else None
-    with tf.control_dependencies([local_step] if local_step is not None else []):
-        small.pull()
-    with v1.variable_scope(v1.get_variable_scope(), custom_getter=small), \
-            ps_products.placed(on_ps), \
-            tf.control_dependencies([local_step] if local_step is not None else []):
+    after = [global_step.read_value()] if mode.sync and span is not None else []
+    with ps_products.placed(on_ps), tf.control_dependencies(after):
         if len(devices) > 1:
             logging.info("%d towers on %s, %d examples each; shared reads and summed "
                          "gradients on %s", len(devices), ", ".join(devices),
@@ -324,17 +319,32 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
                                                    worker_device)
         else:
             loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
-    grads = small.gradients(loss, v1.trainable_variables(), functools.partial(
-        towers_lib.gradients, losses, devices=devices, hub=worker_device)
-        if len(devices) > 1 else None)
-    if len(devices) > 1:  # every other variable read once a step, for all the towers
-        fused = {id(v) for v in small.fused}
-        fused_transfer.share_reads(v1.get_default_graph(), [
-            v for v in v1.trainable_variables() if id(v) not in fused], worker_device)
+    grads = _fused_gradients(graph, loss, losses if len(devices) > 1 else None, devices,
+                             worker_device, on_ps_only, after)
     if not mode.sync:
         return Step(loss, accuracy, exact.counted_update(opt, grads, global_step,
                                                          config.train_steps, span=span))
-    return _sync_step(config, mode, opt, grads, global_step, loss, accuracy, span, local_step)
+    return _sync_step(config, mode, opt, grads, global_step, loss, accuracy, span,
+                      after[0] if after else None)
+
+
+def _fused_gradients(graph, loss, losses, devices, worker_device: str, on_ps_only: set,
+                     after) -> list:
+    """[(gradient, variable)] of the built step, its small variables read in one tensor per
+    ps and their gradients pushed in one (`fused_transfer`; not an embedding table, not a
+    forward layer's variable, `ps_products`); with towers (`losses`, one per device),
+    every other variable read once a step for all of them."""
+    variables = v1.trainable_variables()
+    grads = (towers_lib.gradients(losses, variables, devices, worker_device)
+             if losses is not None else tf.gradients(loss, variables))
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    fused = {id(v) for v in fused_transfer.fuse_reads(
+        graph, [v for v in variables if v.op.name not in on_ps_only
+                and not embeddings.is_table(v)], worker_device, after)}
+    if losses is not None:  # every other variable read once a step, for all the towers
+        fused_transfer.share_reads(graph, [v for v in variables if id(v) not in fused],
+                                   worker_device)
+    return fused_transfer.fuse_gradients(pairs, worker_device)
 
 
 def _sync_step(config, mode: Mode, opt, grads, global_step, loss, accuracy, span=None,
