@@ -92,6 +92,15 @@ def mlp_step_floats(widths, batch: int, small_floats: int = 0) -> int:
     return total
 
 
+def wanted(ps_products: bool, worker_device, towers: int) -> bool:
+    """Whether a step's products may run on the ps: `--ps_products`, on a cluster
+    (`worker_device` given), a CPU worker (a ps CPU would compute a GPU's products far
+    slower) with one tower (a tower's product on the ps would send its inputs there once
+    per tower). The built-in models' and a model_fn's rule alike."""
+    return bool(ps_products and worker_device and "GPU" not in worker_device.upper()
+                and towers == 1)
+
+
 @contextlib.contextmanager
 def placed(enabled: bool = True):
     """Within it, each new `MatMul` on a ps kernel is placed by `choose`.

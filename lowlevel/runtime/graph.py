@@ -303,9 +303,7 @@ def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
     graph = v1.get_default_graph()
     first = len(graph.get_operations())
     model_fn(probe_inputs())  # creates the variables
-    # A GPU worker keeps its products: a ps CPU would compute them far slower.
-    on_ps = (config.ps_products and "GPU" not in worker_device.upper()
-             and len(devices) == 1)
+    on_ps = ps_products.wanted(config.ps_products, worker_device, len(devices))
     on_ps_only = (ps_products.forward_layer_variables(graph.get_operations()[first:],
                                                       config.batch_size) if on_ps else set())
     # sync from the data queue: global_step read before every parameter (elastic_sync, 1.)

@@ -87,7 +87,9 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             replicas = config.replicas_to_aggregate or num_workers
             made = _StepMaker(config, worker, global_step, sync, replicas, num_workers, cluster,
                               towers=len(devices))
-            on_ps = _products_on_ps(config, worker, devices)
+            # its MatMuls and their gradients placed while it builds, each gradient beside
+            # its forward op; a layer whose batch is not static stays classic
+            on_ps = ps_products.wanted(config.ps_products, worker, len(devices))
             with optimizer_capture.capture(global_step, made.update, made.sync_hook,
                                            colocate_gradients=on_ps) as cap, \
                     ps_products.placed(on_ps):
@@ -105,17 +107,6 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
             step = _step_value(spec, cap, global_step, config.train_steps, cluster, model)
         return _assemble(config, model, cluster, task, graph, spec, step, global_step, made,
                          cap, input_hooks, _batch_size(labels, features), preempted)
-
-
-def _products_on_ps(config: TrainConfig, worker: Optional[str], devices) -> bool:
-    """Whether the model_fn's dense layers' products may run on their kernels' ps
-    (`ps_products`, as for the built-in models: `--ps_products`, a CPU worker with one
-    tower, on a cluster). Its MatMuls and their gradients are placed while it builds,
-    each gradient beside its forward op (the backward of a layer forward on the ps runs
-    there, as the built-in models' does); a layer whose batch is not static stays
-    classic."""
-    return bool(config.ps_products and worker and "GPU" not in worker.upper()
-                and len(devices) == 1)
 
 
 def _seed(config: TrainConfig, model: ModelFnModel) -> int:
