@@ -302,8 +302,9 @@ class TrainConfig:
     communication_period: int = _field(
         1, "Local steps each worker takes between exchanges with the ps: local SGD (async) "
         "or model averaging (--sync); K times fewer bytes per step; see "
-        "lowlevel/modes/local_sgd.py for what it trades. 1: exact, every step reads the "
-        "parameters and pushes its gradients.", minimum=1)
+        "lowlevel/modes/local_sgd.py for what it trades; a model_fn's variables must come "
+        "from tf.compat.v1.get_variable. 1: exact, every step reads the parameters and "
+        "pushes its gradients.", minimum=1)
     ps_products: bool = _field(
         True, "Exact mode: compute a dense layer's weight gradient (and the first layer's "
         "forward product) on the ps that holds its kernel when that moves fewer bytes than "

@@ -46,30 +46,28 @@ def test_cost_model_picks_the_fewest_floats():
     assert floats * 4 == pytest.approx(2.281e6, rel=1e-3) and floats < 0.45 * classic
 
 
-def _forward_layer_variables(hidden, batch):
-    with tf.Graph().as_default() as g:
-        with v1.device(v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker")):
-            models.build("mlp", tf.zeros([1, 28, 28, 1]), 10, hidden, 0)
-        return ps_products.forward_layer_variables(g.get_operations(), batch)
-
-
-def test_a_forward_layer_keeps_its_kernel_and_bias_out_of_the_fusion():
-    # 784 x 512 at batch 128: forward
-    assert _forward_layer_variables((512, 512), 128) == {"model/hidden0/kernel",
-                                                         "model/hidden0/bias"}
-    # 784 x 8 (25 KB, which the fused transfer would fuse): classic at batch 128,
-    # B (n + 2m) = 102 K floats > 2 n m = 12.5 K; forward at batch 4 (3.2 K), and then the
-    # kernel too must stay out of the fusion, or it would not be read where it lives
-    assert _forward_layer_variables((8,), 128) == set()
-    assert _forward_layer_variables((8,), 4) == {"model/hidden0/kernel", "model/hidden0/bias"}
-
-
-def _exact_graph(ps_products_on: bool, worker_gpu: int = 0):
+def _exact_graph(ps_products_on: bool, worker_gpu: int = 0, hidden=(512, 512), batch=128):
     cluster, task = from_flags(ClusterFlags("127.0.0.1:1000", "127.0.0.1:2000", "worker", 0))
-    config = TrainConfig(model="mlp", dataset="synthetic", hidden_units=(512, 512),
-                         batch_size=128, ps_products=ps_products_on)
+    config = TrainConfig(model="mlp", dataset="synthetic", hidden_units=hidden,
+                         batch_size=batch, ps_products=ps_products_on)
     data = catalogue.load_for(config)
     return graph_lib.build(config, data, cluster, task, worker_gpu).graph
+
+
+def test_a_small_forward_layer_reads_its_kernel_and_bias_where_they_live():
+    # 784 x 8 (25 KB, which the fused transfer would fuse): forward at batch 4 (B (n + 2m)
+    # = 3.2 K floats < 2 n m = 12.5 K), so its kernel and bias are read on the ps, not fused
+    # (a fused kernel would not be read where it lives, and the layer not be forward at all)
+    forward = _exact_graph(True, hidden=(8,), batch=4)
+    for name, variable in (("MatMul", "kernel"), ("BiasAdd", "bias")):
+        op = _op(forward, f"model/hidden0/{name}")
+        read = op.inputs[1].op
+        assert op.device == PS and read.type == "ReadVariableOp", (name, read.type)
+        assert read.inputs[0].op.name == f"model/hidden0/{variable}"
+    # classic at batch 128 (B (n + 2m) = 102 K floats): on the worker, its variables fused
+    classic = _exact_graph(True, hidden=(8,), batch=128)
+    op = _op(classic, "model/hidden0/MatMul")
+    assert op.device.startswith("/job:worker/task:0") and op.inputs[1].op.type != "ReadVariableOp"
 
 
 def _op(graph, name):
@@ -79,7 +77,7 @@ def _op(graph, name):
 def _weight_gradient(graph, layer):
     """The MatMul that computes `layer`'s kernel gradient (its input's transpose times dy)."""
     ops = [op for op in graph.get_operations() if op.type == "MatMul" and
-           op.name.startswith(f"gradients/model_1/{layer}/MatMul_grad/") and
+           op.name.startswith(f"gradients/model/{layer}/MatMul_grad/") and
            op.get_attr("transpose_a")]
     assert len(ops) == 1, [op.name for op in ops]
     return ops[0]
@@ -88,22 +86,22 @@ def _weight_gradient(graph, layer):
 def test_the_exact_graph_computes_the_chosen_products_on_the_ps():
     graph = _exact_graph(True)
     # the first layer: forward, its bias and activation follow; its weight gradient too
-    for name in ("model_1/hidden0/MatMul", "model_1/hidden0/BiasAdd", "model_1/hidden0/Relu"):
+    for name in ("model/hidden0/MatMul", "model/hidden0/BiasAdd", "model/hidden0/Relu"):
         assert _op(graph, name).device == PS, name
     assert _weight_gradient(graph, "hidden0").device == PS
-    # nothing on the worker reads the first kernel in the step (model/ is the probe build)
+    # nothing on the worker reads the first kernel in the step
     reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and
              op.inputs[0].op.name == "model/hidden0/kernel"]
     users = [c for r in reads for c in r.outputs[0].consumers()
-             if c.name.startswith("model_1/") or c.name.startswith("gradients/")]
+             if c.name.startswith("model/") or c.name.startswith("gradients/")]
     assert users and all(c.device == PS for c in users), [(c.name, c.device) for c in users]
     # ... nor its bias: not fused with the small variables, read and updated on the ps
-    bias = _op(graph, "model_1/hidden0/BiasAdd").inputs[1].op
+    bias = _op(graph, "model/hidden0/BiasAdd").inputs[1].op
     assert bias.type == "ReadVariableOp" and bias.inputs[0].op.name == "model/hidden0/bias"
-    assert _op(off := _exact_graph(False), "model_1/hidden0/BiasAdd").inputs[1].op.type != \
+    assert _op(off := _exact_graph(False), "model/hidden0/BiasAdd").inputs[1].op.type != \
         "ReadVariableOp"  # without the products it travels fused, split on the worker
     # the second layer: forward on the worker, weight gradient on the ps
-    assert _op(graph, "model_1/hidden1/MatMul").device.startswith("/job:worker/task:0")
+    assert _op(graph, "model/hidden1/MatMul").device.startswith("/job:worker/task:0")
     assert _weight_gradient(graph, "hidden1").device == PS
     # the last kernel (512 x 10, 20 KB) travels fused with the biases: classic
     assert _weight_gradient(graph, "logits").device.startswith("/job:worker/task:0")
@@ -112,7 +110,7 @@ def test_the_exact_graph_computes_the_chosen_products_on_the_ps():
     for off, device in ((off, "/job:worker/task:0/device:CPU:0"),
                         (_exact_graph(True, worker_gpu=1), "/job:worker/task:0/device:GPU:0")):
         for layer in ("hidden0", "hidden1", "logits"):
-            assert _op(off, f"model_1/{layer}/MatMul").device == device
+            assert _op(off, f"model/{layer}/MatMul").device == device
             assert _weight_gradient(off, layer).device == device
 
 
@@ -136,8 +134,8 @@ def _train(out, *flags):
 def test_a_real_cluster_trains_the_same_model_with_the_products_on_the_ps(tmp_path):
     on_log = _train(tmp_path / "on")
     _train(tmp_path / "off", "--ps_products=false")
-    assert "model_1/hidden0/MatMul: forward on /job:ps/task:0" in on_log
-    assert "model_1/hidden1/MatMul: weight_gradient on /job:ps/task:0" in on_log
+    assert "model/hidden0/MatMul: forward on /job:ps/task:0" in on_log
+    assert "model/hidden1/MatMul: weight_gradient on /job:ps/task:0" in on_log
     _assert_the_same_checkpoints(tmp_path, 300, (
         "model/hidden0/kernel", "model/hidden1/kernel", "model/logits/kernel",
         "model/hidden0/bias"))

@@ -9,8 +9,7 @@ import tensorflow as tf
 
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
-from lowlevel.modes import exact, local_sgd
-from lowlevel.runtime import graph as graph_lib
+from lowlevel.modes import exact, fused_transfer, local_sgd
 
 v1 = tf.compat.v1
 CPU = "/device:CPU:0"
@@ -24,34 +23,40 @@ def _batch(n=32):
 
 @pytest.mark.parametrize("model,hidden", [("mlp", (128, 128)), ("cnn", (32,))])
 def test_fused_small_variables_give_the_plain_gradients(model, hidden):
-    """The built-in exact step's fused transfer (`graph._fused_gradients`: the reads rewired
-    after the step is built, the gradients concatenated on the worker and split on the ps)
-    computes the plain graph's loss and gradients."""
+    """The exact step's fused transfer of a built-in model (`runtime.step`: the reads
+    rewired after the model is built, the gradients concatenated on the worker and split
+    on the ps) computes the plain graph's loss and gradients (two graphs, same seed)."""
     images, labels, digits = _batch()
+    plain, fused_graph = _gradients(model, hidden, images, labels, digits, fused=False), \
+        _gradients(model, hidden, images, labels, digits, fused=True)
+    assert set(plain) == set(fused_graph) and len(plain) >= 5
+    for name, ga in plain.items():
+        np.testing.assert_allclose(fused_graph[name], ga, atol=1e-6, rtol=0, err_msg=name)
+        assert np.abs(ga).max() > 0, name  # a real gradient, not two zeros
+
+
+def _gradients(model, hidden, images, labels, digits, fused: bool) -> dict:
+    """{variable name: gradient} of one batch, the variables on a ps and the model on a
+    worker; `fused`: read and pushed through `fused_transfer` as the exact step does."""
     ps, worker = "/job:ps/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:0"
     with tf.Graph().as_default() as graph:
         x, y = tf.constant(images), tf.constant(labels)
-        with tf.device(ps):  # the variables, created by a first build (the probe's)
+        with tf.device(ps):  # the variables
             models.build(model, x, digits.num_classes, hidden, 0, None)
         with tf.device(worker):
             loss, _ = models.loss_and_accuracy(
                 models.build(model, x, digits.num_classes, hidden, 0, None), y)
-        variables = v1.trainable_variables()
-        with tf.device(worker):
-            plain = tf.gradients(loss, variables)
-        fused = graph_lib._fused_gradients(graph, loss, None, (None,), worker, set(), ())
+            variables = v1.trainable_variables()
+            pairs = list(zip(tf.gradients(loss, variables), variables))
+        if fused:
+            fused_transfer.fuse_reads(graph, variables, worker)
+            pairs = fused_transfer.fuse_gradients(pairs, worker)
+            assert sum(c.type == "SplitV" for c in graph.get_operations()) >= 2  # fused
         init = v1.global_variables_initializer()
-    assert sum(c.type == "SplitV" for c in graph.get_operations()) >= 2  # the fused path
-    fused = {v.op.name: g for g, v in fused}
-    assert set(fused) == {v.op.name for v in variables}
     with one_process.session_without_devices(graph) as sess:
         sess.run(init.name)
-        values = sess.run([t.name for t in [loss] + plain +
-                           [fused[v.op.name] for v in variables]])
-    a, b = values[1:1 + len(variables)], values[1 + len(variables):]
-    for v, ga, gb in zip(variables, a, b):
-        np.testing.assert_allclose(gb, ga, atol=1e-6, rtol=0, err_msg=v.op.name)
-        assert np.abs(ga).max() > 0, v.op.name  # a real gradient, not two zeros
+        values = sess.run([g.name for g, _ in pairs])
+    return {v.op.name: value for (_, v), value in zip(pairs, values)}
 
 
 def test_counted_update_stops_at_exactly_the_last_step():
@@ -83,8 +88,9 @@ class _LocalSGD:
                 w_local = v1.get_variable("w", initializer=tf.constant([1.0, -1.0]))
             self.w = self.copies.copies[0].shards[0]
             loss = tf.reduce_sum(tf.square(w_local - 3.0))
-            self.ops = local_sgd.build(v1.train.GradientDescentOptimizer(0.1), loss,
-                                       self.copies, self.global_step, period, last_step)
+            self.ops = local_sgd.build(v1.train.GradientDescentOptimizer(0.1),
+                                       local_sgd.gradients(loss, self.copies), self.copies,
+                                       self.global_step, period, last_step)
             self.other = tf.constant([0.25, 0.5])  # what another worker pushes meanwhile
             self.push_other = self.w.assign_add(self.other)
             self.sess = v1.Session()
@@ -148,8 +154,8 @@ def test_local_sgd_packs_sharded_and_whole_variables_into_one_exchange():
             s = v1.get_variable("s", initializer=tf.constant(5.0))
         assert [len(c.shards) for c in copies.copies] == [3, 1, 1]
         loss = tf.reduce_sum(k * k) + tf.reduce_sum(b) + s * s
-        ops = local_sgd.build(v1.train.GradientDescentOptimizer(0.1), loss, copies,
-                              global_step, 4, 10)
+        ops = local_sgd.build(v1.train.GradientDescentOptimizer(0.1),
+                              local_sgd.gradients(loss, copies), copies, global_step, 4, 10)
         shards = copies.copies[0].shards
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
@@ -184,9 +190,11 @@ def test_a_block_of_local_steps_is_that_many_single_steps():
                     w = v1.get_variable("w", initializer=tf.constant([1.0, -1.0]))
                 return tf.reduce_sum(tf.square(w - x))
 
-            ops = local_sgd.build(v1.train.AdagradOptimizer(0.1), loss_on(it.get_next()),
-                                  copies, global_step, 4, 100,
-                                  next_loss=lambda: loss_on(it.get_next()))
+            ops = local_sgd.build(
+                v1.train.AdagradOptimizer(0.1), local_sgd.gradients(loss_on(it.get_next()),
+                                                                    copies),
+                copies, global_step, 4, 100,
+                next_grads=lambda: local_sgd.gradients(loss_on(it.get_next()), copies))
             assert ops.block_steps == 4
             with v1.Session() as sess:
                 sess.run(v1.global_variables_initializer())

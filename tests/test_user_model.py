@@ -66,3 +66,35 @@ def test_sync_training_of_a_model_fn_ends_at_the_last_step(tmp_path, how):
     assert metrics["global_step"] == 600
     assert metrics["sync"] is (how == "--sync")
     assert metrics["accuracy"] > 0.85
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+def test_a_model_fn_trains_in_the_communication_reduced_mode(tmp_path, sync):
+    """`--communication_period=8`: the model_fn built with worker-local copies, its
+    optimizer's steps taken locally and exchanged every 8 (async local SGD, or with
+    `--sync` model averaging), ending at exactly the last step."""
+    out = tmp_path / "out"
+    result = _run("lowlevel.launch", out, "--train_steps=1600", "--communication_period=8",
+                  *(["--sync"] if sync else []))
+    metrics = _final(out)
+    assert metrics["global_step"] == 1600 and metrics["sync"] is sync
+    assert metrics["accuracy"] > 0.9, metrics
+    assert tf.train.load_checkpoint(str(out)).get_tensor("global_step") == 1600
+    # local steps, not exact ones: the chief took a share of them, counted as local
+    assert "local steps" in result.stdout + result.stderr
+    assert clusters.leftovers(out) == []
+
+
+@pytest.mark.timeout(180)
+def test_the_communication_reduced_mode_refuses_a_model_fn_with_its_own_sync_optimizer(
+        tmp_path):
+    out = tmp_path / "out"
+    result = clusters.run([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                           *MODEL, "--train_steps=100", "--communication_period=8",
+                           '--params={"sync": true, "workers": 2}'], timeout=150)
+    text = result.stdout + result.stderr
+    assert result.returncode == 1, text[-3000:]
+    assert ("--communication_period > 1: model_fn tests.user_models.digits:model_fn did not "
+            "apply its gradients once") in text and "--communication_period=1" in text
+    assert clusters.leftovers(out) == []

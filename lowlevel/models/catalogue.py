@@ -2,10 +2,10 @@
 
 `model_fn(features, labels, mode, params)` is the built-in models' model_fn, of the
 form a user's is (`lowlevel.models.spec`): softmax, mlp, cnn and wide_deep, named by
-`params["model"]`. The runtime builds a built-in model through it (`for_config`:
-its PREDICT-mode logits, which the exact and communication-reduced modes train with
-steps of their own); a user can run it as any model_fn
-(`--model=lowlevel.models.catalogue:model_fn`).
+`params["model"]`. The runtime trains a built-in model through it: in one process and
+in the exact mode as any model_fn (`runtime.step`), in the communication-reduced mode
+and for its evaluation through its PREDICT-mode logits (`for_config`); a user can run
+it as any model_fn (`--model=lowlevel.models.catalogue:model_fn`).
 
 `tf.compat.v1.layers` is gone under Keras 3, so layers here are a few lines
 each. All variables live under the `model/` variable scope with
@@ -62,7 +62,8 @@ def model_fn(features, labels, mode, params):
         takes them; for TRAIN "optimizer" and "learning_rate" (`optimizers.make_optimizer`).
 
     Predictions: "logits", "classes" (int64 `[B]`), "probabilities" (softmax; a binary
-    model's sigmoid, `[B]`); eval metric "accuracy"; export output "serving_default".
+    model's sigmoid, `[B]`); eval metric "accuracy"; TRAIN: the batch's accuracy as the
+    summary "accuracy"; export output "serving_default".
     """
     logits = build(params["model"], features, params["num_classes"], params["hidden_units"],
                    params.get("seed", 0), params.get("partitioner"), params.get("sparse"))
@@ -73,15 +74,16 @@ def model_fn(features, labels, mode, params):
     predictions = {"logits": logits, "classes": classes, "probabilities": probabilities}
     if mode == spec_lib.ModeKeys.PREDICT:
         return spec_lib.EstimatorSpec(mode, predictions=predictions)
-    loss, _ = loss_and_accuracy(logits, labels)
-    train_op = None
-    if mode == spec_lib.ModeKeys.TRAIN:
-        from lowlevel.models.optimizers import make_optimizer
-        train_op = make_optimizer(params["optimizer"], params["learning_rate"]).minimize(
-            loss, global_step=v1.train.get_global_step())
-    return spec_lib.EstimatorSpec(
-        mode, predictions=predictions, loss=loss, train_op=train_op,
-        eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, classes)})
+    loss, accuracy = loss_and_accuracy(logits, labels)
+    if mode == spec_lib.ModeKeys.EVAL:
+        return spec_lib.EstimatorSpec(
+            mode, predictions=predictions, loss=loss,
+            eval_metric_ops={"accuracy": v1.metrics.accuracy(labels, classes)})
+    from lowlevel.models.optimizers import make_optimizer
+    v1.summary.scalar("accuracy", accuracy)  # the batch's
+    train_op = make_optimizer(params["optimizer"], params["learning_rate"]).minimize(
+        loss, global_step=v1.train.get_global_step())
+    return spec_lib.EstimatorSpec(mode, predictions=predictions, loss=loss, train_op=train_op)
 
 
 def params_for(config, data, partitioner=None, ps_tasks: int = 0, local_shards: int = 0) -> dict:

@@ -141,6 +141,26 @@ class LocalCopies:
         self._by_name[name] = made[0]
         return made[0]
 
+    def local_of(self, variables) -> list:
+        """What a local step's gradients are taken for, in place of `variables` (the
+        model's own, on the ps): each one's copy (once for all of a sharded variable's
+        shards), a table shard itself; a copy or a table shard stays as it is.
+
+        Raises:
+          ValueError: a variable the getter never gave a copy (made without
+            `tf.compat.v1.get_variable`, so the model reads it from the ps every step).
+        """
+        own = {id(v): c.copy for c in self.copies for v in [c.copy] + list(c.shards)}
+        own.update({id(t): t for t in self.tables})
+        missing = [v.op.name for v in variables if id(v) not in own]
+        if missing:
+            raise ValueError(f"variables without a local copy: {', '.join(missing[:5])}")
+        result = []
+        for v in variables:
+            if all(own[id(v)] is not r for r in result):
+                result.append(own[id(v)])
+        return result
+
 
 @dataclasses.dataclass
 class LocalSGDOps:
@@ -181,9 +201,16 @@ class LocalSGDOps:
     state: Optional[optimizer_state.Mirrors] = None
 
 
-def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: int,
+def gradients(loss, copies: LocalCopies) -> list:
+    """[(gradient, variable)] of `loss` (built with `copies`) for every copy and table
+    shard, in `copies`' order; None where the loss does not depend on it."""
+    variables = [c.copy for c in copies.copies] + copies.tables
+    return list(zip(tf.gradients(loss, variables), variables))
+
+
+def build(opt, grads_and_vars, copies: LocalCopies, global_step, period: int, last_step: int,
           sync: Optional[tuple[int, int]] = None, table_opt=None,
-          next_loss: Optional[Callable[[], object]] = None) -> LocalSGDOps:
+          next_grads: Optional[Callable[[], list]] = None) -> LocalSGDOps:
     """Builds the local step and the exchanges for the model built with `copies`.
 
     The optimizer's slots and other variables it creates (for the copies, on
@@ -201,7 +228,9 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
 
     Args:
       opt: a `tf.compat.v1.train.Optimizer`, for the local steps.
-      loss: float32 scalar computed with the local copies.
+      grads_and_vars: [(gradient, variable)] of one local step, each variable a copy
+        (`Copy.copy`) or a table shard (`copies.tables`), as `gradients` gives them
+        (or a model_fn's, transformed as it likes: `lowlevel.runtime.step`).
       copies: the `LocalCopies` the model was built with.
       global_step: the int64 global step variable (on a ps).
       period: K, the local steps per exchange.
@@ -210,16 +239,16 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
       table_opt: another instance of `opt`'s optimizer, for the embedding
         tables (`copies.tables`): their sparse gradients go to the ps every
         local step, and its slots stay there, shared by all workers.
-      next_loss: builds `loss` again on the next batch (a model built with
-        `copies`); given, and with no tables, the ops include a `block` of
+      next_grads: builds `grads_and_vars` again on the next batch (a model built
+        with `copies`); given, and with no tables, the ops include a `block` of
         local steps in one run (`local_block`).
     """
-    local_step, made = _local_update(opt, table_opt, loss, copies)
+    local_step, made = _local_update(opt, table_opt, grads_and_vars, copies)
     _make_local(made)
     block, block_steps = None, 1
-    if next_loss is not None and not copies.tables and min(period, BLOCK_STEPS) > 1:
+    if next_grads is not None and not copies.tables and min(period, BLOCK_STEPS) > 1:
         block_steps = min(period, BLOCK_STEPS)
-        block = local_block(lambda: _local_update(opt, table_opt, next_loss(), copies)[0],
+        block = local_block(lambda: _local_update(opt, table_opt, next_grads(), copies)[0],
                             block_steps)
     state = optimizer_state.Mirrors(
         made, {c.copy.op.name: (c.copy.op.name[:-len("/local")], c.shards[0].device)
@@ -235,7 +264,7 @@ def build(opt, loss, copies: LocalCopies, global_step, period: int, last_step: i
                        block_steps, exchange=sync_round, sync_optimizer=sync_opt, state=state)
 
 
-def _local_update(opt, table_opt, loss, copies: LocalCopies):
+def _local_update(opt, table_opt, grads_and_vars, copies: LocalCopies):
     """One local step's update: `opt` on the copies, `table_opt` (or `opt`) on the tables.
 
     Returns:
@@ -243,16 +272,14 @@ def _local_update(opt, table_opt, loss, copies: LocalCopies):
       first build; the tables' optimizer state is not among them, it stays on the ps).
     """
     graph = v1.get_default_graph()
-    local_vars = [c.copy for c in copies.copies]
-    grads = tf.gradients(loss, local_vars + copies.tables)
+    tables = {id(t) for t in copies.tables}
+    pairs = [(g, v) for g, v in grads_and_vars if g is not None]
     updates = []
-    table_grads = [(g, v) for g, v in zip(grads[len(local_vars):], copies.tables)
-                   if g is not None]
+    table_grads = [(g, v) for g, v in pairs if id(v) in tables]
     if table_grads:
         updates.append((table_opt or opt).apply_gradients(table_grads))
     before = set(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
-    updates.append(opt.apply_gradients(
-        [(g, v) for g, v in zip(grads[:len(local_vars)], local_vars) if g is not None]))
+    updates.append(opt.apply_gradients([(g, v) for g, v in pairs if id(v) not in tables]))
     made = [v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES) if v not in before]
     return tf.group(updates), made
 

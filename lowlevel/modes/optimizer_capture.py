@@ -91,7 +91,7 @@ def marking_sync_apply(own_sync_apply: Callable, on_apply: Callable) -> Callable
 
 @contextlib.contextmanager
 def capture(global_step, update: Callable, sync_hook: Callable,
-            colocate_gradients: bool = False):
+            colocate_gradients: bool = False, variables_for: Optional[Callable] = None):
     """Within the block, the model_fn's optimizer applies through `update`; yields `Captured`.
 
     Args:
@@ -103,6 +103,10 @@ def capture(global_step, update: Callable, sync_hook: Callable,
         what `SyncReplicasOptimizer.make_session_run_hook` returns instead of its own.
       colocate_gradients: each gradient op is built beside its forward op (see the
         module's docstring).
+      variables_for: `variables_for(var_list) -> variables`: the variables the gradients
+        are taken for instead of the ones the model_fn asks for (its `var_list`, else the
+        trainable ones); the communication-reduced mode's worker-local copies
+        (`local_sgd.LocalCopies.local_of`), which the model computed with.
     """
     captured = Captured()
     base, sync = v1.train.Optimizer, v1.train.SyncReplicasOptimizer
@@ -118,6 +122,10 @@ def capture(global_step, update: Callable, sync_hook: Callable,
 
     def compute_gradients(self, loss, *args, **kwargs):
         captured.loss = loss
+        if variables_for is not None:
+            args, kwargs = _with_argument(args, kwargs, _VAR_LIST_AT, "var_list", variables_for(
+                tf.nest.flatten(_argument(args, kwargs, _VAR_LIST_AT, "var_list") or
+                                _trainable())))
         if colocate_gradients:
             args, kwargs = _with_argument(args, kwargs, _COLOCATE_AT,
                                           "colocate_gradients_with_ops", True)
@@ -166,8 +174,13 @@ def _all_resource(var_list) -> bool:
     and the trainable resource variables, as `compute_gradients` takes them) is a
     resource variable."""
     if var_list is None:
-        var_list = (v1.trainable_variables() +
-                    v1.get_collection(v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+        var_list = _trainable()
     variables = tf.nest.flatten(var_list)
     return bool(variables) and all(
         getattr(getattr(v, "handle", None), "dtype", None) == tf.resource for v in variables)
+
+
+def _trainable() -> list:
+    """The variables `compute_gradients` differentiates for when given no var_list."""
+    return v1.trainable_variables() + v1.get_collection(
+        v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES)

@@ -26,7 +26,7 @@ many workers on other machines); a GPU worker keeps it (`lowlevel.runtime.graph`
 A forward layer's bias and activation follow its product to the ps, which
 sends back the layer's output; the next layer's weight gradient then finds its
 input there, and its bias is read and updated there, never fused with the small
-variables (`forward_layer_variables`). For the benchmark's MLP (784-512-512-10,
+variables (`fused_transfer` fuses only reads the worker consumes). For the benchmark's MLP (784-512-512-10,
 batch 128) a step moves 2.28 MB instead of 5.36 MB (benchmarks/NOTES.md): the first layer
 forward, the second weight_gradient, the last (512 x 10, fused with the
 biases by `lowlevel.modes.fused_transfer`) classic. A partitioned kernel (sharded over ps
@@ -119,30 +119,6 @@ def placed(enabled: bool = True):
         yield
 
 
-def forward_layer_variables(ops, batch: int) -> set:
-    """Names of the variables a forward layer reads on the ps: its kernel and bias.
-
-    `ops`: a build of the model outside `placed` (the one that creates its
-    variables), in creation order; `batch`: the training batch, B. The exact
-    step must not fuse these (`fused_transfer`): fused, a forward layer's
-    bias would go ps -> worker -> ps before the layer could start and its
-    gradient back and forth after the step's last product (~0.4 ms a step,
-    benchmarks/NOTES.md), and a fused kernel would not be read where it lives,
-    so the layer would not be forward at all; read where they live, they never
-    travel.
-    """
-    on_ps, found = {}, set()
-    for op in ops:
-        if _follow(op, on_ps):
-            found.update(t.op.inputs[0].op.name for t in op.inputs[1:]
-                         if t.op.type == "ReadVariableOp")
-        elif op.type == "MatMul":
-            decided = _decide(op, on_ps, batch)
-            if decided and decided[0] == FORWARD:
-                found.add(op.inputs[1].op.inputs[0].op.name)  # the kernel's handle
-    return found
-
-
 def _place(op) -> Optional[str]:
     """A device function: the op's device, or its kernel's ps for a forward layer."""
     on_ps = _ON_PS.setdefault(op.graph, {})
@@ -171,11 +147,11 @@ def _follow(op, on_ps: dict) -> Optional[str]:
     return ps
 
 
-def _decide(op, on_ps: dict, batch: Optional[int] = None):
+def _decide(op, on_ps: dict):
     """(kind, ps, floats, classic floats) of a MatMul on a whole ps kernel not classic, else None.
 
-    A forward layer's output is recorded in `on_ps`. `batch` overrides the
-    input's first dimension.
+    A forward layer's output is recorded in `on_ps`. A batch that is not static
+    keeps the layer classic.
     """
     if op.type != "MatMul" or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
         return None
@@ -183,10 +159,10 @@ def _decide(op, on_ps: dict, batch: Optional[int] = None):
     ps = _ps_of(kernel)
     if ps is None or not (x.shape[1:].is_fully_defined() and kernel.shape.is_fully_defined()):
         return None
-    if batch is None and x.shape[0] is None:
+    if x.shape[0] is None:
         return None
     n, m = kernel.shape.as_list()
-    kind, floats = choose(batch or x.shape[0], n, m, _reads_variables(x),
+    kind, floats = choose(x.shape[0], n, m, _reads_variables(x),
                           on_ps.get(x.name) == ps)
     if kind == CLASSIC:
         return None

@@ -1,17 +1,23 @@
-"""The training graph of one worker, per mode, and its session hooks.
+"""The training graph of one worker for a built-in model, per mode, and its session hooks.
 
 Between-graph replication: every worker builds the whole graph, with its
-variables on the ps tasks (`placement`). `build` picks the mode:
+variables on the ps tasks (`placement`: byte-balanced, large tables partitioned),
+its input from its shard of the data set or from the data queue (`spans`).
+`build` picks the mode:
 
-- in-process (no cluster): plain gradients, counted up to the last step;
-- exact (`--communication_period=1`): small variables fused into one
-  transfer per ps (`exact`); async with a counted update, or `--sync`
-  through `SyncReplicasOptimizer`;
+- in-process (no cluster);
+- exact (`--communication_period=1`): small variables fused into one transfer per
+  ps, products on the ps, towers; async with a counted update, `--sync` through
+  `SyncReplicasOptimizer`, or with the data queue its live workers' sync;
 - communication-reduced (`--communication_period=K`): local copies and
   exchanges (`local_sgd`), async or model averaging.
 
-The hooks come in the order of the end-of-training protocol
-(`shutdown.end_of_training_hooks`). Running the graph is `training.train`.
+In every mode the step is the built-in model's model_fn (`models.catalogue.model_fn`)
+through the step every model_fn trains with (`runtime.step`).
+
+The chief evaluates the test split at the end, inside its session
+(`evaluation.FinalEvalHook`). The hooks come in the order of the end-of-training
+protocol (`shutdown.end_of_training_hooks`). Running the graph is `training.train`.
 """
 
 from __future__ import annotations
@@ -31,13 +37,13 @@ from lowlevel.errors import UsageError
 from lowlevel.data import images as data_lib
 from lowlevel.data import spans
 from lowlevel.models import catalogue as models
-from lowlevel.models import embeddings
+from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.models.optimizers import make_optimizer
-from lowlevel.modes import elastic_sync, exact, fused_transfer, local_sgd, ps_products
-from lowlevel.modes import towers as towers_lib
+from lowlevel.modes import elastic_sync, local_sgd
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import evaluation, hooks, placement, shutdown, start
 from lowlevel.runtime import progress as progress_lib
+from lowlevel.runtime import step as step_lib
 
 v1 = tf.compat.v1
 
@@ -88,7 +94,6 @@ class Step:
     """The training ops one mode builds."""
 
     loss: tf.Tensor
-    accuracy: tf.Tensor
     train_op: Optional[tf.Tensor] = None
     local_ops: Optional[local_sgd.LocalSGDOps] = None
     sync_optimizer: Optional[v1.train.SyncReplicasOptimizer] = None
@@ -115,28 +120,22 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                               worker_gpu)
         device, partitioner = (_placement(config, data, cluster, task, worker_gpu, hub)
                                if cluster else (None, None))
-        model_fn = models.for_config(config, data, partitioner,
-                                     cluster.num_ps if cluster else 0)
+        ps_tasks = cluster.num_ps if cluster else 0
+        model_fn = models.for_config(config, data, partitioner, ps_tasks)  # inputs -> logits
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             iter_init, feed, iterator, span_input = _train_input(config, data, cluster, task,
                                                                  mode, len(devices))
             images, labels = iterator.get_next()
-            opt = make_optimizer(config.optimizer, config.lr)
-            if mode.local:
-                step = _local_sgd_step(config, mode, model_fn, images, labels, iterator, opt,
-                                       global_step, hub)
-            elif cluster:
-                step = _exact_step(config, mode, model_fn, images, labels, opt, global_step,
-                                   hub, data.probe_inputs, devices, span_input)
-            else:
-                step = _in_process_step(config, model_fn, images, labels, opt, global_step)
+            step = _model_fn_step(config, models.params_for(config, data, partitioner,
+                                                             ps_tasks),
+                                  images, labels, global_step, hub, devices, cluster,
+                                  span_input, iterator.get_next if mode.local else None)
             final_eval = None
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(
                     evaluation.build(data, data.test, model_fn), skip=preempted)
         v1.summary.scalar("loss", step.loss)
-        v1.summary.scalar("accuracy", step.accuracy)
         iter_init, around_save = _elastic_state(config, step, iter_init, span_input)
         scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
                                                      iter_init, feed, around_save=around_save)
@@ -282,118 +281,22 @@ def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, ta
     return device, partitioner
 
 
-def _in_process_step(config, model_fn, images, labels, opt, global_step) -> Step:
-    """One process, no servers: the plain gradients, counted up to the last step."""
-    loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
-    grads = [(g, v) for g, v in opt.compute_gradients(loss) if g is not None]
-    return Step(loss, accuracy,
-                 exact.counted_update(opt, grads, global_step, config.train_steps))
-
-
-def _exact_step(config, mode: Mode, model_fn, images, labels, opt, global_step,
-                worker_device: str, probe_inputs, devices=(None,), span=None) -> Step:
-    """The exact mode: small variables travel together (`lowlevel.modes.fused_transfer`, as
-    for a model_fn), dense layers' products run where they move fewest bytes
-    (`lowlevel.modes.ps_products`); async or sync.
-
-    `devices`: more than one, the step's towers (`lowlevel.modes.towers`), with
-    `worker_device` their hub; they keep their products (a tower's product on the
-    ps would send its inputs there once per tower). `span`: the batch's check and
-    commit (`spans.SpanInput`), async only."""
-    graph = v1.get_default_graph()
-    first = len(graph.get_operations())
-    model_fn(probe_inputs())  # creates the variables
-    on_ps = ps_products.wanted(config.ps_products, worker_device, len(devices))
-    on_ps_only = (ps_products.forward_layer_variables(graph.get_operations()[first:],
-                                                      config.batch_size) if on_ps else set())
-    # sync from the data queue: global_step read before every parameter (elastic_sync, 1.)
-    after = [global_step.read_value()] if mode.sync and span is not None else []
-    with ps_products.placed(on_ps), tf.control_dependencies(after):
-        if len(devices) > 1:
-            logging.info("%d towers on %s, %d examples each; shared reads and summed "
-                         "gradients on %s", len(devices), ", ".join(devices),
-                         config.batch_size, worker_device)
-            losses, loss, accuracy = _tower_losses(model_fn, images, labels, devices,
-                                                   worker_device)
-        else:
-            loss, accuracy = models.loss_and_accuracy(model_fn(images), labels)
-    grads = _fused_gradients(graph, loss, losses if len(devices) > 1 else None, devices,
-                             worker_device, on_ps_only, after)
-    if not mode.sync:
-        return Step(loss, accuracy, exact.counted_update(opt, grads, global_step,
-                                                         config.train_steps, span=span))
-    return _sync_step(config, mode, opt, grads, global_step, loss, accuracy, span,
-                      after[0] if after else None)
-
-
-def _fused_gradients(graph, loss, losses, devices, worker_device: str, on_ps_only: set,
-                     after) -> list:
-    """[(gradient, variable)] of the built step, its small variables read in one tensor per
-    ps and their gradients pushed in one (`fused_transfer`; not an embedding table, not a
-    forward layer's variable, `ps_products`); with towers (`losses`, one per device),
-    every other variable read once a step for all of them."""
-    variables = v1.trainable_variables()
-    grads = (towers_lib.gradients(losses, variables, devices, worker_device)
-             if losses is not None else tf.gradients(loss, variables))
-    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    fused = {id(v) for v in fused_transfer.fuse_reads(
-        graph, [v for v in variables if v.op.name not in on_ps_only
-                and not embeddings.is_table(v)], worker_device, after)}
-    if losses is not None:  # every other variable read once a step, for all the towers
-        fused_transfer.share_reads(graph, [v for v in variables if id(v) not in fused],
-                                   worker_device)
-    return fused_transfer.fuse_gradients(pairs, worker_device)
-
-
-def _sync_step(config, mode: Mode, opt, grads, global_step, loss, accuracy, span=None,
-               local_step=None) -> Step:
-    """The exact mode's sync step: through `SyncReplicasOptimizer`, or with the data queue
-    (`span`) through `elastic_sync` (its step `local_step`, read before the parameters)."""
-    if span is not None:
-        cap = config.replicas_to_aggregate or mode.declared
-        elastic = elastic_sync.ElasticSync(span, opt, grads, global_step, local_step,
-                                           config.train_steps, cap, config.min_replicas,
-                                           config.sync_live_secs, span.worker)
-        return Step(loss, accuracy, elastic.push(), elastic=elastic)
-    sync_opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=mode.replicas,
-                                              total_num_replicas=mode.num_workers)
-    # The step's value is the token it took, which the chief's sync op fills with the
-    # global step after its update: a worker stops as soon as the last step is done
-    # (only the sync op moves global_step). Not a read of global_step after the token:
-    # that costs two more hops (the token's assign on the worker, then a control edge
-    # back to the ps and the value out again), ~0.6 ms a step (benchmarks/NOTES.md).
-    train_op = tf.identity(sync_opt.apply_gradients(grads, global_step=global_step))
-    return Step(loss, accuracy, train_op, sync_optimizer=sync_opt)
-
-
-def _tower_losses(model_fn, images, labels, devices, hub: str):
-    """([tower loss], loss, accuracy): the towers' losses (`towers.build`), and the mean
-    loss and accuracy of the worker's batch on `hub`."""
-    per_tower = towers_lib.build(
-        lambda x, y: models.loss_and_accuracy(model_fn(x), y), [images, labels], devices)
-    losses, accuracies = zip(*per_tower)
-    return losses, towers_lib.mean(losses, hub), towers_lib.mean(accuracies, hub)
-
-
-def _local_sgd_step(config, mode: Mode, model_fn, images, labels, iterator, opt,
-                    global_step, worker_device: str) -> Step:
-    """The communication-reduced mode: the model computes with worker-local copies.
-
-    `iterator` gives the batches of a block of local steps run at once (`local_sgd.build`).
-    """
-    copies = local_sgd.LocalCopies(worker_device)
-
-    def loss_on(batch_images, batch_labels):
-        with v1.variable_scope(v1.get_variable_scope(), custom_getter=copies):
-            return models.loss_and_accuracy(model_fn(batch_images), batch_labels)
-
-    loss, accuracy = loss_on(images, labels)
-    ops = local_sgd.build(opt, loss, copies, global_step, config.communication_period,
-                          config.train_steps,
-                          (mode.replicas, mode.num_workers) if mode.sync else None,
-                          make_optimizer(config.optimizer, config.lr),
-                          next_loss=lambda: loss_on(*iterator.get_next())[0])
-    return Step(loss, accuracy, local_ops=ops, sync_optimizer=ops.sync_optimizer)
+def _model_fn_step(config, params: dict, images, labels, global_step, worker: Optional[str],
+                   devices, cluster: Optional[Cluster], span=None, next_batch=None) -> Step:
+    """The built-in model's `model_fn` (`models.catalogue.model_fn` with `params`) through
+    the step every model_fn trains with (`runtime.step`): in one process; in the exact
+    mode with the fused transfer, products on the ps, towers, the counted update,
+    `--sync`, the data queue's batch check and commit and its sync; in the
+    communication-reduced mode local steps (in blocks of batches from `next_batch`) and
+    exchanges, its tables updated by an optimizer of their own. Its training accuracy is
+    the model_fn's summary."""
+    model = ModelFnModel(models.model_fn, params, run_config=None,
+                         model_dir=config.output_dir or "")
+    made = step_lib.build(config, model, images, labels, global_step, worker, devices,
+                          cluster, span, next_batch,
+                          lambda: make_optimizer(config.optimizer, config.lr))
+    return Step(made.spec.loss, made.value, made.local_ops,
+                sync_optimizer=made.sync_optimizer, elastic=made.elastic)
 
 
 def _variable_bytes(variables) -> int:
