@@ -27,11 +27,17 @@ def _model_fn(features, labels, mode, params):
     else:
         w = v1.get_variable("w", initializer=tf.constant([0.0, 0.0]))
     loss = tf.reduce_sum(tf.square(w - 3.0)) + 0.0 * tf.reduce_sum(features)
+    if params.get("second_optimizer"):  # v by an optimizer without the global step
+        v = v1.get_variable("v", initializer=tf.constant(1.0))
+        loss += tf.square(v)
+        other = v1.train.AdagradOptimizer(0.1).minimize(loss, var_list=[v])
     opt = v1.train.GradientDescentOptimizer(1.0)
     grads, variables = zip(*opt.compute_gradients(loss))
     clipped, _ = tf.clip_by_global_norm(grads, CLIP)
     train_op = opt.apply_gradients(zip(clipped, variables),
                                    global_step=v1.train.get_global_step())
+    if params.get("second_optimizer"):
+        train_op = tf.group(train_op, other)
     return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
@@ -70,3 +76,11 @@ def test_a_variable_without_get_variable_is_refused():
                        r".*_model_fn has variables without a local copy: w: make them with "
                        r"tf.compat.v1.get_variable"):
         _build({"tf_variable": True})
+
+
+def test_a_second_optimizer_without_the_global_step_is_refused():
+    """Exact, its apply runs in the model's train_op; local steps never run that op, so the
+    variables it trains would stay as they are: refused, not trained wrong."""
+    with pytest.raises(errors.ModelFnError, match=r"did not apply its gradients once .* "
+                       r"\(and no other apply: its variables would not be trained\)"):
+        _build({"second_optimizer": True})

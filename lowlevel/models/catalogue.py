@@ -2,10 +2,10 @@
 
 `model_fn(features, labels, mode, params)` is the built-in models' model_fn, of the
 form a user's is (`lowlevel.models.spec`): softmax, mlp, cnn and wide_deep, named by
-`params["model"]`. The runtime trains a built-in model through it: in one process and
-in the exact mode as any model_fn (`runtime.step`), in the communication-reduced mode
-and for its evaluation through its PREDICT-mode logits (`for_config`); a user can run
-it as any model_fn (`--model=lowlevel.models.catalogue:model_fn`).
+`params["model"]`. The runtime trains a built-in model through it as any model_fn, in
+every mode (`runtime.step`), and evaluates it through its PREDICT-mode logits
+(`logits_fn`); a user can run it as any model_fn
+(`--model=lowlevel.models.catalogue:model_fn`).
 
 `tf.compat.v1.layers` is gone under Keras 3, so layers here are a few lines
 each. All variables live under the `model/` variable scope with
@@ -122,7 +122,11 @@ def dynamic_options(config, ps_tasks: int = 0):
 def for_config(config, data, partitioner=None, ps_tasks: int = 0, local_shards: int = 0):
     """`inputs -> logits` of `config`'s model on `data`: `model_fn`'s PREDICT-mode logits
     (`params_for` says what `ps_tasks` and `local_shards` do)."""
-    params = params_for(config, data, partitioner, ps_tasks, local_shards)
+    return logits_fn(params_for(config, data, partitioner, ps_tasks, local_shards))
+
+
+def logits_fn(params: dict):
+    """`inputs -> logits` of `model_fn` with `params` in PREDICT mode."""
     return lambda inputs: model_fn(inputs, None, spec_lib.ModeKeys.PREDICT,
                                    params).predictions["logits"]
 

@@ -155,11 +155,7 @@ class LocalCopies:
         missing = [v.op.name for v in variables if id(v) not in own]
         if missing:
             raise ValueError(f"variables without a local copy: {', '.join(missing[:5])}")
-        result = []
-        for v in variables:
-            if all(own[id(v)] is not r for r in result):
-                result.append(own[id(v)])
-        return result
+        return list({id(own[id(v)]): own[id(v)] for v in variables}.values())
 
 
 @dataclasses.dataclass

@@ -58,12 +58,15 @@ class Captured:
       sync_optimizer: the `SyncReplicasOptimizer` the model_fn applied, or None.
       loss: the loss its optimizer differentiated (`compute_gradients`), or None.
       applies: how many applies were taken over.
+      other_applies: how many applies were built as the model_fn asked (no global step,
+        or inside a sync optimizer's).
     """
 
     step: Optional[object] = None
     sync_optimizer: Optional[object] = None
     loss: Optional[object] = None
     applies: int = 0
+    other_applies: int = 0
 
 
 _inside_sync = threading.local()  # set while SyncReplicasOptimizer.apply_gradients runs
@@ -103,10 +106,9 @@ def capture(global_step, update: Callable, sync_hook: Callable,
         what `SyncReplicasOptimizer.make_session_run_hook` returns instead of its own.
       colocate_gradients: each gradient op is built beside its forward op (see the
         module's docstring).
-      variables_for: `variables_for(var_list) -> variables`: the variables the gradients
-        are taken for instead of the ones the model_fn asks for (its `var_list`, else the
-        trainable ones); the communication-reduced mode's worker-local copies
-        (`local_sgd.LocalCopies.local_of`), which the model computed with.
+      variables_for: `variables_for(var_list) -> variables` the gradients are taken for
+        instead of the model_fn's (its `var_list`, else the trainable ones): the
+        communication-reduced mode's copies (`local_sgd.LocalCopies.local_of`).
     """
     captured = Captured()
     base, sync = v1.train.Optimizer, v1.train.SyncReplicasOptimizer
@@ -115,6 +117,7 @@ def capture(global_step, update: Callable, sync_hook: Callable,
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         if global_step is not global_step_var or inside_sync():
+            captured.other_applies += 1
             return own_apply(self, grads_and_vars, global_step, name)
         captured.applies += 1
         captured.step = update(self, list(grads_and_vars))

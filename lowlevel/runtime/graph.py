@@ -120,21 +120,20 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
                                               worker_gpu)
         device, partitioner = (_placement(config, data, cluster, task, worker_gpu, hub)
                                if cluster else (None, None))
-        ps_tasks = cluster.num_ps if cluster else 0
-        model_fn = models.for_config(config, data, partitioner, ps_tasks)  # inputs -> logits
+        params = models.params_for(config, data, partitioner, cluster.num_ps if cluster else 0)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
             iter_init, feed, iterator, span_input = _train_input(config, data, cluster, task,
                                                                  mode, len(devices))
             images, labels = iterator.get_next()
-            step = _model_fn_step(config, models.params_for(config, data, partitioner,
-                                                             ps_tasks),
-                                  images, labels, global_step, hub, devices, cluster,
-                                  span_input, iterator.get_next if mode.local else None)
+            step = _model_fn_step(config, params, images, labels, global_step, hub, devices,
+                                  cluster, span_input,
+                                  iterator.get_next if mode.local else None)
             final_eval = None
             if task.is_chief:
                 final_eval = evaluation.FinalEvalHook(
-                    evaluation.build(data, data.test, model_fn), skip=preempted)
+                    evaluation.build(data, data.test, models.logits_fn(params)),
+                    skip=preempted)
         v1.summary.scalar("loss", step.loss)
         iter_init, around_save = _elastic_state(config, step, iter_init, span_input)
         scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,

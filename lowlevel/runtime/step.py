@@ -85,8 +85,9 @@ def build(config: TrainConfig, model: ModelFnModel, features, labels, global_ste
     Returns:
       The `TrainStep`.
     Raises:
-      errors.ModelFnError: a train_op that never moves the global step, or towers the
-        model_fn cannot share (new variables per tower, its own sync optimizer).
+      errors.ModelFnError: a train_op that never moves the global step, towers the
+        model_fn cannot share (new variables per tower, its own sync optimizer), a
+        model_fn the communication-reduced mode cannot copy (`_local_step`).
       Whatever the model_fn raises (one line naming it: `models.user.calling`).
     """
     if cluster is not None and config.communication_period > 1:
@@ -185,10 +186,11 @@ def _local_gradients(model: ModelFnModel, copies, features, labels, global_step,
             v1.variable_scope(v1.get_variable_scope(), custom_getter=copies,
                               reuse=v1.AUTO_REUSE if reuse else None):
         spec = call_model_fn(model, features, labels)
-    if len(applied) != 1 or cap.sync_optimizer is not None:
+    if len(applied) != 1 or cap.sync_optimizer is not None or cap.other_applies:
         raise _local_error(model, "did not apply its gradients once through a "
-                           "tf.compat.v1.train.Optimizer with the global step, or wrapped it "
-                           "in its own SyncReplicasOptimizer (--sync does that)")
+                           "tf.compat.v1.train.Optimizer with the global step (and no other "
+                           "apply: its variables would not be trained), or wrapped it in its "
+                           "own SyncReplicasOptimizer (--sync does that)")
     return spec, applied[0][0], applied[0][1]
 
 
