@@ -60,9 +60,8 @@ def build(config: TrainConfig, model: ModelFnModel, cluster: Optional[Cluster], 
         # shows only once built (a Keras layer cannot), and the default must not refuse a
         # script that runs on one device (GPU task_index mod worker_gpu, as before towers).
         # (one device in the communication-reduced mode, as for the built-in models)
-        local = cluster is not None and config.communication_period > 1
-        worker, devices = placement.task_devices(cluster, task,
-                                                 1 if local else config.towers or 1, worker_gpu)
+        towers = 1 if graph_lib.Mode.of(config, cluster).local else config.towers or 1
+        worker, devices = placement.task_devices(cluster, task, towers, worker_gpu)
         device = _device(config, model, cluster, task, worker_gpu, worker) if cluster else None
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
