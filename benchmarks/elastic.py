@@ -58,6 +58,16 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
           uncommitted         global_step - committed_steps: steps begun whose commit
                               did not happen (with 2 ps, part of their update may be in)
 
+`--cpu` gives each task of the churn and reference runs a CPU limit of its own
+(`lowlevel.launch --cpu`, a CFS quota per task, as pods with `resources.limits.cpu`):
+without it every task shares this machine's cores, so a worker that joins adds no CPU
+and the per-live-worker rate cannot hold while it is in (`cluster_ratio` is the figure
+for that case); with it each task has its own share, as on machines of its own, which
+is what a per-live-worker target assumes, and a restarted task starts at its limit too
+(its rescale takes longer than on a machine whose other tasks wait for it). The limits'
+sum with the third worker in should stay below the machine's cores (the launcher warns
+otherwise).
+
 Results go to `<out>/results.json`; benchmarks/NOTES.md has the runs.
 """
 
@@ -105,6 +115,11 @@ flags.DEFINE_float("kill_phase", 0.5, "Where in a checkpoint interval the schedu
                    "rolls back half an interval, the mean of a kill at a random time; 0, as a "
                    "save begins, the worst case: a ps's kill cuts the save and rolls back a whole "
                    "interval).")
+flags.DEFINE_string("cpu", None, "Each task's CPU limit in the churn and reference runs "
+                    "(lowlevel.launch --cpu: a cgroup per task with a CFS quota, as a pod's "
+                    "limits.cpu), e.g. ps=400m,worker=300m: a joining worker brings its own "
+                    "CPU instead of taking the others' (module doc). Default: none, every task "
+                    "shares the machine's cores.")
 flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")
 
 # (fraction of --churn_steps, what, task): SIGKILL a task; resize to 3 (worker2 joins)
@@ -223,8 +238,8 @@ def churn(out: str, files: list) -> dict:
         print(f"churn round {i}: " + json.dumps({k: v for k, v in figures.items()
                                                   if k != "kills"}), flush=True)
     ratios = [r["churn_ratio"] for r in rounds if "churn_ratio" in r]
-    return {"rounds": rounds, **({"churn_ratio": round(statistics.median(ratios), 3)}
-                                  if ratios else {})}
+    return {"rounds": rounds, "cpu": FLAGS.cpu,
+            **({"churn_ratio": round(statistics.median(ratios), 3)} if ratios else {})}
 
 
 def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
@@ -238,6 +253,7 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
                              "--num_workers=2", "--no_isolation", f"--output_dir={run_dir}",
                              "--max_restarts=1", "--log_every_secs=0.25", "--count_examples",
                              "--dynamic_workers", f"--train_steps={FLAGS.churn_steps}",
+                             *([f"--cpu={FLAGS.cpu}"] if FLAGS.cpu else []),
                              *_common(files)], stdout=log, stderr=subprocess.STDOUT)
     kills, deadline = [], time.monotonic() + FLAGS.timeout_secs
     cpu = {}  # what -> the machine's CPU times when the schedule acted

@@ -23,6 +23,9 @@ started again with the same flags, up to N times, and every restart is
 reported. A task that exits 1-127 (a permanent failure or a usage error), or a
 retryable one with its restarts used up, fails the run: the launcher names it,
 stops the others and exits 1.
+Limits per task, as a pod's (`--memory=ps=12Gi,worker=4Gi`, `--cpu=ps=250m,worker=1`):
+each task in a cgroup of its own (`lowlevel.ops.memory_limits`, `lowlevel.ops.cpu_limits`),
+so one task's use cannot take from another's, and a worker that joins brings its own.
 Ctrl-C (exit 130) or SIGTERM (exit 143) stops every task; each child also gets
 SIGTERM should the launcher itself die, even by SIGKILL (Linux
 `PR_SET_PDEATHSIG`, which the child sets itself: `lowlevel.ops.lifetime`), so no
@@ -47,7 +50,7 @@ its cluster: the Distributed TensorFlow guide's `--ps_hosts --worker_hosts --job
 --task_index` after ARGS (`--script_cluster=flags`, the default) or `TF_CONFIG` in its
 environment (`tf_config`: {"cluster": {"ps": [...], "worker": [...]}, "task": ...};
 worker 0 is the chief either way: no `chief` job, which an Estimator script needs).
-Isolation, the prefixes, `--max_restarts`, `--memory` and the exit status are as above;
+Isolation, the prefixes, `--max_restarts`, `--memory`, `--cpu` and the exit status are as above;
 the trainer's flags (`--model`, `--output_dir`, ...) and `--evaluator` do not apply (one
 usage line, exit 2). A script's task is forked as the trainer's are (`python -m lowlevel`
 runs the script as `__main__` in the forked process, as it would in a fresh one;
@@ -70,7 +73,7 @@ from absl import app, flags
 
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
-from lowlevel.ops import forking, isolation, k8s, memory_limits, resize
+from lowlevel.ops import cpu_limits, forking, isolation, k8s, memory_limits, resize
 from lowlevel.ops.supervisor import Progress, Supervisor, supervise
 from lowlevel.runtime import restarts
 
@@ -102,6 +105,12 @@ flags.DEFINE_string("memory", None, "Each task's memory limit (Kubernetes quanti
                     "outgrows its limit is killed alone, named, with its peak "
                     "(lowlevel.ops.memory_limits; needs root or a delegated cgroup). "
                     "Default: no limit.")
+flags.DEFINE_string("cpu", None, "Each task's CPU limit (Kubernetes quantities), one value "
+                    "for every task (500m) or per role (ps=250m,worker=1,chief=1,evaluator=500m): "
+                    "each task runs in a CPU cgroup of its own with that CFS quota, as a pod "
+                    "with resources.limits.cpu, and sizes its thread pools for it; a worker "
+                    "that joins brings its own (lowlevel.ops.cpu_limits; needs root or a "
+                    "delegated cgroup). Default: no limit.")
 flags.DEFINE_float("stop_timeout_secs", 5.0, "After asking a task to stop (SIGTERM), seconds "
                    "to wait before killing it.")
 flags.DEFINE_boolean("dynamic_workers", False, "Workers may join and leave the running job "
@@ -117,7 +126,7 @@ flags.DEFINE_string("script", None, "Run your own TF1 program on every task inst
                     "trainer: each task is python -m lowlevel SCRIPT ARGS "
                     "(ARGS: everything after --) plus its cluster (--script_cluster). Trainer "
                     "flags and --evaluator do not apply; --num_ps, --num_workers, "
-                    "--max_restarts, --memory, --no_isolation, --nofork do; no live "
+                    "--max_restarts, --memory, --cpu, --no_isolation, --nofork do; no live "
                     "progress line.")
 flags.DEFINE_enum("script_cluster", "flags", ["flags", "tf_config"], "With --script, how each "
                   "task is given the cluster: flags: the Distributed TensorFlow guide's "
@@ -213,12 +222,34 @@ def _memory_cgroups(limits: dict[str, int]) -> "memory_limits.TaskCgroups | None
     return memory
 
 
-def _close_memory(memory: "memory_limits.TaskCgroups") -> None:
-    """Prints each limited task's peak against its limit and removes the cgroups."""
-    print(f"launch: peak memory: {memory.summary()}", flush=True)
-    for path in memory.close():
-        print(f"launch: warning: could not remove cgroup {path} (a process still in it?)",
-              flush=True)
+def _cpu_cgroups(limits: dict) -> "cpu_limits.TaskCgroups | None":
+    """The tasks' CPU cgroups for `--cpu` (`limits`: {task: CPUs}; None without); warns
+    when the limits add up to more than the machine's cores.
+
+    Raises:
+      CpuLimitError: no cgroup may be made here.
+    """
+    if not limits:
+        return None
+    cpu = cpu_limits.TaskCgroups(limits)
+    total, cores = sum(limits.values()), os.cpu_count() or 1
+    over = (f"; warning: they add up to {cpu_limits.quantity(total)} CPUs, more than the "
+            f"machine's {cores}: the tasks will also wait for each other"
+            ) if total > cores else ""
+    each = ", ".join(f"{name} {cpu_limits.quantity(limit)}" for name, limit in limits.items())
+    print(f"launch: CPU limits (--cpu): {each}{over}", flush=True)
+    return cpu
+
+
+def _close_cgroups(memory, cpu) -> None:
+    """Prints each limited task's peak memory and CPU use, and removes the cgroups."""
+    for cgroups, what in ((memory, "peak memory"), (cpu, "CPU")):
+        if cgroups is None:
+            continue
+        print(f"launch: {what}: {cgroups.summary()}", flush=True)
+        for path in cgroups.close():
+            print(f"launch: warning: could not remove cgroup {path} (a process still in it?)",
+                  flush=True)
 
 
 def script_commands(script: str, script_args: list[str], num_ps: int, num_workers: int,
@@ -313,7 +344,7 @@ def _launch_trainer() -> int:
     if config.dataset == "criteo_files":  # the globs match, the files read (first lines)
         from lowlevel.data import ctr_files
         ctr_files.check(config.train_files, config.eval_files)
-    limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
+    limits = _limits()
     output_dir = FLAGS.output_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     output_layout.ensure_writable(output_dir)
@@ -360,7 +391,7 @@ def _launch_script(script_args: list[str]) -> int:
     """`--script`'s cluster: `python -m lowlevel SCRIPT ARGS` per task, forked from this
     process once it has imported TensorFlow (`--nofork`: each started cold)."""
     check_script_flags(script_args)
-    limits = memory_limits.limits_for(_task_names(), FLAGS.memory)
+    limits = _limits()
     where = _confine() if not FLAGS.no_isolation else "on localhost"
     commands, envs = script_commands(FLAGS.script, script_args, FLAGS.num_ps,
                                      FLAGS.num_workers, FLAGS.script_cluster)
@@ -373,7 +404,17 @@ def _launch_script(script_args: list[str]) -> int:
     return _run(commands, envs, limits, None, fork=FLAGS.fork, after_chief=("ps", "worker"))
 
 
-def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str, int],
+def _limits() -> dict:
+    """{"memory": {task: bytes}, "cpu": {task: CPUs}} from --memory and --cpu.
+
+    Raises:
+      UsageError: a malformed value.
+    """
+    return {"memory": memory_limits.limits_for(_task_names(), FLAGS.memory),
+            "cpu": cpu_limits.limits_for(_task_names(), FLAGS.cpu)}
+
+
+def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict,
          output_dir, fork: bool, after_chief: tuple = ("ps",), preloaded: tuple = (),
          resizer=None) -> int:
     """Starts `commands` (forked from this process with `fork`), supervises them to the
@@ -385,15 +426,16 @@ def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str
         preload(verbose=FLAGS.verbosity >= 1, modules=preloaded)
     # One run for the tasks' restart budgets (lowlevel.runtime.restarts), whatever --output_dir holds.
     os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
-    memory = _memory_cgroups(limits)
+    memory, cpu = _memory_cgroups(limits["memory"]), _cpu_cgroups(limits["cpu"])
     sup = Supervisor(commands, max_restarts=FLAGS.max_restarts or 0, fork=fork,
-                     memory=memory, envs=envs)
+                     memory=memory, envs=envs, cpu=cpu)
 
     def on_signal(signum, frame):
         print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
         sup.stop(FLAGS.stop_timeout_secs)
-        if memory is not None:
-            memory.close()
+        for cgroups in (memory, cpu):
+            if cgroups is not None:
+                cgroups.close()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, on_signal)
@@ -407,8 +449,7 @@ def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict[str
                      resizer)
     elapsed = time.monotonic() - started
     restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
-    if memory is not None:
-        _close_memory(memory)
+    _close_cgroups(memory, cpu)
     if code == 0:
         metrics = (f"; metrics in {output_layout.final_metrics(output_dir)}"
                    if output_dir else "")

@@ -58,6 +58,8 @@ def test_launch_trains_then_a_second_run_resumes_from_the_checkpoint(tmp_path):
     (["--num_workers=2", "--sync", "--replicas_to_aggregate=3"], "expected 1 to 2"),
     (["--memory=2GB"], "'2GB' is not a memory quantity"),
     (["--memory=ps=1Gi,master=2Gi"], "roles ps, worker, chief, evaluator"),
+    (["--cpu=0"], "--cpu: '0': expected more than 0 CPUs"),
+    (["--cpu=ps=1,master=1"], "--cpu=ps=1,master=1: expected one value"),
     (["--dynamic_workers"], "--dynamic_workers: workers join and leave through the data "
                             "queue; use --dataset=criteo_files"),
     (["--resize=0"], "--resize=0: a job needs at least 1 worker"),
@@ -181,6 +183,37 @@ def test_tasks_within_their_limits_finish_and_their_peaks_are_reported(tmp_path)
     assert all(10 < int(p) < 1024 for p in peaks.groups()), peaks.groups()
     assert "launch: all 3 tasks exited 0" in result.stdout
     assert _launcher_cgroups() == before
+    assert not clusters.leftovers(out)
+
+
+def _cpu_launcher_cgroups() -> list[str]:
+    """The launcher cgroups (`task_cgroups.PREFIX`) under this process's cpu cgroup."""
+    from lowlevel.ops import resources, task_cgroups
+    own = resources.own_cgroup("cpu")
+    return [n for n in os.listdir(own[0]) if n.startswith(task_cgroups.PREFIX)] if own else []
+
+
+@needs_cgroups
+@pytest.mark.timeout(180)
+def test_each_task_runs_within_its_cpu_limit_and_sizes_its_pools_for_it(tmp_path):
+    """`--cpu`: each task in a CPU cgroup of its own with its role's quota, its thread
+    pools sized from it, held back by it (the workers want more than 500m each), and the
+    cgroups gone at the end."""
+    out = tmp_path / "cpus"
+    before = _cpu_launcher_cgroups()
+    result = _launch(out, "--cpu=ps=250m,worker=500m", "--train_steps=400", timeout=150)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "launch: CPU limits (--cpu): ps0 250m, worker0 500m, worker1 500m" in result.stdout
+    for task, quota in (("ps0", 25000), ("worker0", 50000), ("worker1", 50000)):
+        sized = re.search(rf"\[{task}\] .*{task}: 1 CPU \(cgroup quota: cgroup v\d "
+                          rf"cpu\S* {quota} ?/? ?100000 in \S*lowlevel-launch-\d+/{task};",
+                          result.stdout)
+        assert sized, (task, result.stdout[-3000:])
+    held = dict(re.findall(r"(worker\d) (?:[\d.]+ CPU-s, )?held back ([\d.]+) s at 500m",
+                           result.stdout))
+    assert set(held) == {"worker0", "worker1"}, result.stdout[-1500:]
+    assert sum(float(v) for v in held.values()) > 0, held  # the quota did hold them back
+    assert _cpu_launcher_cgroups() == before
     assert not clusters.leftovers(out)
 
 

@@ -253,3 +253,58 @@ def test_per_task_memory_limits_from_one_value_or_per_role():
         memory_limits.limits_for(tasks, "master=2Gi")
     assert memory_limits.gib(600 * 2 ** 20) == "600 MiB" and memory_limits.gib(None) == "?"
     assert memory_limits.gib(12 * 2 ** 30) == "12.0 GiB"
+
+
+def test_per_task_cpu_limits_from_one_value_or_per_role():
+    from decimal import Decimal
+
+    from lowlevel.errors import UsageError
+    from lowlevel.ops import cpu_limits
+    tasks = ["ps0", "worker0", "worker1"]
+    assert cpu_limits.limits_for(tasks, None) == {}
+    assert cpu_limits.limits_for(tasks, "500m") == {name: Decimal("0.5") for name in tasks}
+    assert cpu_limits.limits_for(tasks, "ps=250m,chief=2,worker=1.5") == {
+        "ps0": Decimal("0.25"), "worker0": 2, "worker1": Decimal("1.5")}
+    with pytest.raises(UsageError, match=r"--cpu: '0': expected more than 0 CPUs"):
+        cpu_limits.limits_for(tasks, "ps=0")
+    with pytest.raises(UsageError, match=r"--cpu=master=1: expected one value"):
+        cpu_limits.limits_for(tasks, "master=1")
+    assert [cpu_limits.quantity(Decimal(x)) for x in ("0.25", "1", "1.5")] == [
+        "250m", "1", "1500m"]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_cpu_cgroups_get_their_quota_and_a_joining_worker_its_roles(tmp_path, version):
+    """`cpu_limits.TaskCgroups` on a fake cgroup tree: each task's directory under the
+    launcher's own, with its quota in the version's file; a worker new to the job gets a
+    worker's limit (not the chief's); removed at the end."""
+    from decimal import Decimal
+
+    from lowlevel.ops import cpu_limits
+    root = v1_tree(tmp_path) if version == 1 else v2_tree(tmp_path)
+    own = ("/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/ctr" if version == 1
+           else "/sys/fs/cgroup/kubepods/pod1/ctr")
+    groups = cpu_limits.TaskCgroups({"ps0": Decimal("0.25"), "worker0": Decimal(2),
+                                     "worker1": Decimal("0.5")}, root=root)
+    assert groups.base == f"{root}{own}/lowlevel-launch-{os.getpid()}"
+    groups.inherit("worker2")
+    assert groups.limits["worker2"] == Decimal("0.5")
+    for name in ("ps0", "worker2"):
+        groups.add(name, None)
+
+    def quota(name):
+        if version == 2:
+            with open(os.path.join(groups.base, name, "cpu.max")) as f:
+                return f.read()
+        with open(os.path.join(groups.base, name, "cpu.cfs_quota_us")) as f:
+            return f.read()
+    assert quota("ps0") == ("25000" if version == 1 else "25000 100000")
+    assert quota("worker2") == ("50000" if version == 1 else "50000 100000")
+    if version == 2:
+        with open(os.path.join(groups.base, "cgroup.subtree_control")) as f:
+            assert f.read() == "+cpu"
+    for name in ("ps0", "worker2"):  # a fake tree's files: a real cgroup's vanish with it
+        for file in os.listdir(os.path.join(groups.base, name)):
+            os.remove(os.path.join(groups.base, name, file))
+    os.remove(os.path.join(groups.base, "cgroup.subtree_control")) if version == 2 else None
+    assert groups.close() == [] and not os.path.exists(groups.base)

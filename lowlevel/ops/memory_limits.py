@@ -20,8 +20,9 @@ it); the kill count is `memory.oom_control`'s `oom_kill` (Linux 4.13+), the peak
 processes give no controller to its children, so the launcher must run in a delegated
 cgroup of its own (`systemd-run --user --scope -p Delegate=yes ...`).
 
-Making cgroups needs root or a delegated subtree; where that fails, `TaskCgroups`
-raises `MemoryLimitError` saying what to do instead. Pages a forked task shares with
+The cgroups themselves (where, who makes and removes them, what that needs) are
+`task_cgroups`'; where they cannot be made, `TaskCgroups` raises `MemoryLimitError`
+saying what to do instead. Pages a forked task shares with
 the launcher (TensorFlow's import, `lowlevel.ops.forking`) stay charged to the
 launcher's cgroup; the limit covers what the task allocates itself. A launcher killed
 by SIGKILL leaves its empty cgroups behind (`rmdir` them; they hold no process).
@@ -30,14 +31,13 @@ by SIGKILL leaves its empty cgroups behind (`rmdir` them; they hold no process).
 from __future__ import annotations
 
 import os
-import time
 from typing import Optional
 
 from lowlevel.errors import UsageError
-from lowlevel.ops import resources
+from lowlevel.ops import resources, task_cgroups
+from lowlevel.ops.task_cgroups import PREFIX, write, write_if_there
 
-PREFIX = "lowlevel-launch-"
-RMDIR_WAIT_SECS = 5.0  # a killed task's cgroup empties once the kernel has reaped it
+__all__ = ["PREFIX", "MemoryLimitError", "TaskCgroups", "gib", "limits_for"]
 
 
 class MemoryLimitError(UsageError):
@@ -51,7 +51,7 @@ def gib(n: Optional[int]) -> str:
     return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.0f} MiB"
 
 
-class TaskCgroups:
+class TaskCgroups(task_cgroups.TaskCgroupsBase):
     """One memory cgroup per task, under a cgroup of the launcher's own.
 
     Args:
@@ -63,52 +63,26 @@ class TaskCgroups:
         cgroups in it (not root, no delegation).
     """
 
-    def __init__(self, limits: dict[str, int], root: str = "/"):
-        self.limits = dict(limits)
-        found = resources.own_cgroup("memory", root)
-        if found is None:
-            raise MemoryLimitError("--memory: this machine has no memory cgroup hierarchy "
-                                   "(/proc/self/cgroup); run without --memory")
-        own, self.version = found
-        self.base = os.path.join(own, f"{PREFIX}{os.getpid()}")
-        self._oom_at_start: dict[str, int] = {}
-        try:
-            os.makedirs(self.base, exist_ok=True)
-            if self.version == 2:
-                _write(os.path.join(own, "cgroup.subtree_control"), "+memory")
-                _write(os.path.join(self.base, "cgroup.subtree_control"), "+memory")
-        except OSError as e:
-            self._remove(self.base)
-            raise MemoryLimitError(
-                f"--memory: cannot make a memory cgroup under {own} ({e.strerror}): run as "
-                "root, or inside a delegated cgroup (systemd-run --user --scope -p "
-                "Delegate=yes python -m lowlevel.launch ...), or without --memory") from None
+    CONTROLLER, FLAG, ERROR = "memory", "--memory", MemoryLimitError
 
-    def add(self, name: str, pid: Optional[int]) -> None:
-        """Moves task `name`'s process `pid` into its cgroup (made, with its limit, the first
-        time; `pid` None: only made); no-op for a task without a limit."""
-        if name not in self.limits:
-            return
-        path = os.path.join(self.base, name)
-        if not os.path.isdir(path):
-            os.mkdir(path)
-            self._set_limit(path, self.limits[name])
+    def __init__(self, limits: dict[str, int], root: str = "/"):
+        super().__init__(limits, root)
+        self._oom_at_start: dict[str, int] = {}
+
+    def _on_start(self, name: str) -> None:
         self._oom_at_start[name] = self.oom_kills(name)
-        if pid is not None:
-            _write(os.path.join(path, "cgroup.procs"), str(pid))
 
     def _set_limit(self, path: str, limit: int) -> None:
         if self.version == 2:
-            _write(os.path.join(path, "memory.max"), str(limit))
-            _write_if_there(os.path.join(path, "memory.swap.max"), "0")
+            write(os.path.join(path, "memory.max"), str(limit))
+            write_if_there(os.path.join(path, "memory.swap.max"), "0")
             return
-        _write(os.path.join(path, "memory.limit_in_bytes"), str(limit))
-        _write_if_there(os.path.join(path, "memory.memsw.limit_in_bytes"), str(limit))
+        write(os.path.join(path, "memory.limit_in_bytes"), str(limit))
+        write_if_there(os.path.join(path, "memory.memsw.limit_in_bytes"), str(limit))
 
     def oom_kills(self, name: str) -> int:
         """How many processes the kernel has killed in task `name`'s cgroup for its limit."""
-        text = _read(os.path.join(self.base, name, "memory.events" if self.version == 2
-                                  else "memory.oom_control"))
+        text = self.read(name, "memory.events" if self.version == 2 else "memory.oom_control")
         for line in (text or "").splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
@@ -117,8 +91,8 @@ class TaskCgroups:
 
     def peak(self, name: str) -> Optional[int]:
         """The most memory (bytes) task `name`'s cgroup has used, or None if unknown."""
-        text = _read(os.path.join(self.base, name, "memory.peak" if self.version == 2
-                                  else "memory.max_usage_in_bytes"))
+        text = self.read(name, "memory.peak" if self.version == 2
+                         else "memory.max_usage_in_bytes")
         return int(text) if text and text.isdigit() else None
 
     def ended(self, name: str) -> str:
@@ -136,32 +110,6 @@ class TaskCgroups:
                          for name, limit in self.limits.items()
                          if os.path.isdir(os.path.join(self.base, name)))
 
-    def close(self) -> list[str]:
-        """Removes the cgroups (waiting up to `RMDIR_WAIT_SECS` for the last processes to
-        be reaped); returns those it could not remove."""
-        left = []
-        for name in self.limits:
-            path = os.path.join(self.base, name)
-            if os.path.isdir(path) and not self._remove(path):
-                left.append(path)
-        if not left and not self._remove(self.base):
-            left.append(self.base)
-        return left
-
-    @staticmethod
-    def _remove(path: str) -> bool:
-        deadline = time.monotonic() + RMDIR_WAIT_SECS
-        while True:
-            try:
-                os.rmdir(path)
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.1)
-
 
 def limits_for(tasks, value: Optional[str], minimum: int = 0) -> dict[str, int]:
     """{task name: bytes} from `--memory` ("4Gi" for every task, or "ps=12Gi,worker=4Gi,
@@ -171,33 +119,7 @@ def limits_for(tasks, value: Optional[str], minimum: int = 0) -> dict[str, int]:
       UsageError: a malformed value or a quantity below `minimum` bytes.
     """
     try:
-        per_role = resources.per_role(value, "memory", ("ps", "worker", "chief", "evaluator"))
+        return task_cgroups.limits_for(
+            tasks, value, "--memory", lambda text: resources.memory_quantity(text, minimum))
     except resources.QuantityError as e:
         raise UsageError(str(e)) from None
-    out = {}
-    for name in tasks:
-        role = "chief" if name == "worker0" and "chief" in per_role else name.rstrip("0123456789")
-        if role in per_role:
-            try:
-                out[name] = resources.memory_quantity(per_role[role], minimum)
-            except resources.QuantityError as e:
-                raise UsageError(f"--memory: {e}") from None
-    return out
-
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
-def _write_if_there(path: str, text: str) -> None:
-    if os.path.exists(path):
-        _write(path, text)

@@ -54,6 +54,8 @@ class Supervisor:
         for tools that measure recovery (benchmarks/chaos.py).
       memory: the tasks' memory cgroups (`memory_limits.TaskCgroups`, `--memory`), or
         None: each task is put in its own as it starts, and an end its limit caused says so.
+      cpu: the tasks' CPU cgroups (`cpu_limits.TaskCgroups`, `--cpu`), or None: each
+        task is put in its own as it starts.
       envs: {task name: variables added to that task's environment} (a script's
         `TF_CONFIG`: `lowlevel.launch --script_cluster=tf_config`; every task's with
         `--dynamic_workers`), at every start.
@@ -61,10 +63,12 @@ class Supervisor:
     """
 
     def __init__(self, commands: dict[str, list[str]], out=sys.stdout, max_restarts: int = 0,
-                 fork: bool = False, memory=None, envs: Optional[dict[str, dict]] = None):
+                 fork: bool = False, memory=None, envs: Optional[dict[str, dict]] = None,
+                 cpu=None):
         self.out = out
         self.envs = envs or {}
         self.memory = memory  # a `memory_limits.TaskCgroups`, or None
+        self.cpu = cpu  # a `cpu_limits.TaskCgroups`, or None
         self.commands = commands
         self.max_restarts = max_restarts
         self.fork = fork
@@ -101,8 +105,9 @@ class Supervisor:
         finally:
             os.close(write_fd)
         self.procs[name] = proc
-        if self.memory is not None:
-            self.memory.add(name, proc.pid)
+        for cgroups in (self.memory, self.cpu):
+            if cgroups is not None:
+                cgroups.add(name, proc.pid)
         self._open.add(proc.pid)
         self.events.append((time.time(), name, "started"))
         self._selector.register(read_fd, selectors.EVENT_READ, (name, proc.pid, bytearray()))
@@ -112,13 +117,9 @@ class Supervisor:
         that name that left, anew: its restarts start from 0)."""
         self.commands[name], self.envs[name] = command, env or {}
         self.restarts[name] = 0
-        if self.memory is not None and name not in self.memory.limits:
-            # the limit of the tasks of its role (--memory): a worker's, else the chief's
-            role = name.rstrip("0123456789")
-            same = sorted((n != CHIEF, n) for n in self.memory.limits
-                          if n.rstrip("0123456789") == role)
-            if same:
-                self.memory.limits[name] = self.memory.limits[same[-1][1]]
+        for cgroups in (self.memory, self.cpu):
+            if cgroups is not None:
+                cgroups.inherit(name)  # its role's limits (--memory, --cpu)
         self.retiring.discard(name)
         self._start(name)
 

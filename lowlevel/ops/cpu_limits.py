@@ -1,0 +1,103 @@
+"""A CPU limit per task: each of the launcher's tasks in a CPU cgroup of its own.
+
+`python -m lowlevel.launch --cpu=500m` (or per role: `--cpu=ps=250m,worker=1`) runs
+each task in a cgroup of its own with a CFS quota of that many CPUs, as a pod with
+`resources.limits.cpu` runs on Kubernetes: a task gets at most its limit, whatever the
+others do, and a task that joins a running job (`--dynamic_workers`) brings its own
+limit instead of taking from the others'. So a localhost cluster behaves as one whose
+tasks each have their own machine of that size, on a machine with at least their sum of
+cores (the launcher warns when the limits add up to more). Each task sizes its
+TensorFlow thread pools from its quota (`resources.cpu_figure`: "cgroup quota").
+
+cgroup v1 (the `cpu` hierarchy): `cpu.cfs_quota_us` = CPUs x `cpu.cfs_period_us`
+(100,000 us); v2: `cpu.max` "QUOTA 100000". At the end the launcher prints each task's
+CPU time and the time the quota held it back (`cpuacct.usage` / `cpu.stat`'s
+`throttled_time`; v2 `cpu.stat`'s `usage_usec`, `throttled_usec`). Where cgroups cannot
+be made, `TaskCgroups` raises `CpuLimitError` saying what to do
+(`task_cgroups` has the rest: where the cgroups are, what making them needs).
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from typing import Optional
+
+from lowlevel.errors import UsageError
+from lowlevel.ops import resources, task_cgroups
+from lowlevel.ops.task_cgroups import write
+
+PERIOD_US = 100_000  # the CFS period: the kernel's default (cgroup v1 and v2)
+
+
+class CpuLimitError(UsageError):
+    """A CPU limit cannot be applied here (no cgroup this process may create)."""
+
+
+class TaskCgroups(task_cgroups.TaskCgroupsBase):
+    """One CPU cgroup per task, under a cgroup of the launcher's own.
+
+    Args:
+      limits: {task name: CPUs (`Decimal`, millicore precision)}; tasks not in it get no
+        cgroup.
+      root: the file system root (tests pass a fake one).
+
+    Raises:
+      CpuLimitError: no cpu cgroup hierarchy, or this process may not create cgroups in
+        it (not root, no delegation).
+    """
+
+    CONTROLLER, FLAG, ERROR = "cpu", "--cpu", CpuLimitError
+
+    def _set_limit(self, path: str, limit: Decimal) -> None:
+        quota = int(limit * PERIOD_US)
+        if self.version == 2:
+            write(os.path.join(path, "cpu.max"), f"{quota} {PERIOD_US}")
+            return
+        write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
+        write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+
+    def used(self, name: str) -> tuple[Optional[float], Optional[float]]:
+        """(CPU seconds used, seconds held back by the quota) in task `name`'s cgroup since
+        it was made (None where the kernel does not say)."""
+        stat = dict(line.split(" ", 1) for line in
+                    (self.read(name, "cpu.stat") or "").splitlines() if " " in line)
+        if self.version == 2:
+            usage, throttled = stat.get("usage_usec"), stat.get("throttled_usec")
+            return (int(usage) / 1e6 if usage else None,
+                    int(throttled) / 1e6 if throttled else None)
+        usage = self.read(name, "cpuacct.usage")  # where cpu and cpuacct are one hierarchy
+        throttled = stat.get("throttled_time")
+        return (int(usage) / 1e9 if usage and usage.isdigit() else None,
+                int(throttled) / 1e9 if throttled else None)
+
+    def summary(self) -> str:
+        """"ps0 12.3 CPU-s, held back 0.4 s at 500m, ...": each limited task's use (its
+        CPU seconds where the kernel counts them in the same cgroup)."""
+        parts = []
+        for name, limit in self.limits.items():
+            if not os.path.isdir(os.path.join(self.base, name)):
+                continue
+            usage, throttled = self.used(name)
+            used = f"{usage:.1f} CPU-s, " if usage is not None else ""
+            held = f"held back {throttled:.1f} s" if throttled is not None else "held back ?"
+            parts.append(f"{name} {used}{held} at {quantity(limit)}")
+        return ", ".join(parts)
+
+
+def quantity(cpus: Decimal) -> str:
+    """CPUs as Kubernetes writes them: "250m", "1", "1500m"."""
+    return str(int(cpus)) if cpus == int(cpus) else f"{int(cpus * 1000)}m"
+
+
+def limits_for(tasks, value: Optional[str]) -> dict[str, Decimal]:
+    """{task name: CPUs} from `--cpu` ("500m" for every task, or "ps=250m,worker=1,
+    evaluator=500m"; "chief" is worker0, the launcher's chief); {} without a value.
+
+    Raises:
+      UsageError: a malformed value, or one not above 0 CPUs.
+    """
+    try:
+        return task_cgroups.limits_for(tasks, value, "--cpu", resources.cpu_quantity)
+    except resources.QuantityError as e:
+        raise UsageError(str(e)) from None
