@@ -426,7 +426,12 @@ def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict,
         preload(verbose=FLAGS.verbosity >= 1, modules=preloaded)
     # One run for the tasks' restart budgets (lowlevel.runtime.restarts), whatever --output_dir holds.
     os.environ.setdefault(restarts.RUN_ID_ENV, f"launch-{os.getpid()}-{int(time.time())}")
-    memory, cpu = _memory_cgroups(limits["memory"]), _cpu_cgroups(limits["cpu"])
+    memory = _memory_cgroups(limits["memory"])
+    try:
+        cpu = _cpu_cgroups(limits["cpu"])
+    except cpu_limits.CpuLimitError:
+        _close_cgroups(memory, None)  # nothing ran in them
+        raise
     sup = Supervisor(commands, max_restarts=FLAGS.max_restarts or 0, fork=fork,
                      memory=memory, envs=envs, cpu=cpu)
 
