@@ -216,7 +216,8 @@ class TrainConfig:
         10.0, "Sync mode with the data queue: a worker whose heartbeat (every second, and "
         "every push) is older than this has left, and the steps stop waiting for it. 10 s: "
         "ten missed heartbeats; a worker's first step after a restart (graph building, "
-        "~5-8 s here) is not one.")
+        "~5-8 s here) is not one. A restarted worker ends its dead predecessor's heartbeat "
+        "as it starts, so the others need not wait this long for it.")
     seed: int = _field(0, "Seed for initialisation and shuffling.")
     # Output.
     output_dir: Optional[str] = _field(

@@ -225,6 +225,30 @@ def _assert_once_per_epoch(out, train_dir, passes=1, path=None):
     return state, int(reader.get_tensor("global_step"))
 
 
+@pytest.mark.timeout(120)
+def test_a_restarted_sync_worker_ends_its_predecessors_heartbeat_at_once():
+    """`elastic_sync.end_lease`, from a graph of its own, on a real ps: the worker's entry of
+    the heartbeats the sync step counts live workers by is ended, the others' kept; with no
+    heartbeats on the ps (a fresh job) it ends nothing and says so by returning False."""
+    from lowlevel.modes import elastic_sync
+    ps, worker = f"127.0.0.1:{clusters.free_port()}", f"127.0.0.1:{clusters.free_port()}"
+    spec = v1.train.ClusterSpec({"ps": [ps], "worker": [worker]})
+    servers = [v1.train.Server(spec, "ps", 0), v1.train.Server(spec, "worker", 0)]
+    target, devices = servers[1].target, ("/job:ps/task:0", "/job:worker/task:0")
+    assert not elastic_sync.end_lease(target, 1, *devices)  # nothing there yet
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(devices[0]), v1.variable_scope(elastic_sync.SCOPE):
+        beat = v1.get_variable(elastic_sync.BEAT, initializer=tf.fill(
+            [elastic_sync.MAX_WORKERS], tf.constant(1.7e9, tf.float64)), trainable=False,
+            use_resource=True, collections=[])  # as `ElasticSync` makes it
+        read = beat.read_value()
+    with v1.Session(target, graph=graph) as sess:
+        sess.run(beat.initializer)
+        assert elastic_sync.end_lease(target, 1, *devices)
+        beats = sess.run(read)
+    assert beats[1] == 0.0 and beats[0] == beats[2] == 1.7e9, beats[:3]
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
@@ -248,6 +272,10 @@ def test_every_line_is_in_the_model_once_per_epoch_across_a_worker_and_a_ps_kill
     assert code == 0, text[-5000:]
     for task in ("worker1", "ps0"):
         assert f"launch: {task} was killed by SIGKILL; restarting it" in text, text[-3000:]
+    # sync: the restarted worker1 ended its predecessor's heartbeat before building its
+    # graph (the variable found by its name in the real graph), and nothing else did
+    ended = re.findall(r"\[(worker\d)\] .*sync: worker (\d)'s earlier heartbeat ended", text)
+    assert ended == ([("worker1", "1")] if sync else []), ended
     state, step = _assert_once_per_epoch(out, tmp_path / "train")
     assert step == TRAIN_STEPS
     assert "data queue: span" in text and not clusters.leftovers(out)

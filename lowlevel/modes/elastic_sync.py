@@ -58,6 +58,7 @@ NEVER_STALE = 1 << 62  # the accumulators' local_step: the lock, not they, decid
 MAX_ENTRIES = 4096  # pushes one step may accept (a worker may push twice in a step: see 4.)
 MAX_WORKERS = spans.MAX_WORKERS  # worker (replica) indices with a heartbeat
 TICK_SECS = 1.0  # a worker's heartbeat, and its check for a step whose workers left
+BEAT = "beat"  # the heartbeats' variable in `SCOPE`: float64 [MAX_WORKERS], Unix seconds
 
 
 class ElasticSync:
@@ -93,7 +94,7 @@ class ElasticSync:
                 return v1.get_variable(name, initializer=value, trainable=False,
                                        collections=[], use_resource=True)
             self.accepted = step_var("accepted", tf.constant(0, tf.int64))
-            self.beat = step_var("beat", tf.zeros([MAX_WORKERS], tf.float64))
+            self.beat = step_var(BEAT, tf.zeros([MAX_WORKERS], tf.float64))
             # seconds since the Unix epoch until which no step completes (a save's cut)
             self.paused_until = step_var("paused_until", tf.constant(0.0, tf.float64))
             self.aggregated = v1.get_variable(  # saved: gradients applied, all steps
@@ -317,6 +318,52 @@ def _count_seen(q, offset, pending):
     starts = q.bases + offset
     ids = tf.ragged.range(starts, starts + pending).flat_values
     return q.seen.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids))
+
+
+def end_lease(target: str, worker: int, device: str, own_device: str,
+              timeout_secs: float = 5.0) -> bool:
+    """Ends worker `worker`'s heartbeat on ps 0 (`device`) at once, from a graph of its own:
+    what a worker process does as it starts, before its training graph and session.
+
+    A worker SIGKILLed and restarted quickly (the launcher's `--max_restarts`, a container
+    restarted in its pod) left a heartbeat that stays live for `--sync_live_secs` (10 s):
+    until the new process's first push, every step under way waited for it (7-11 s in the
+    churn benchmark with per-task CPU limits: benchmarks/NOTES.md, twenty-second stop).
+    Ended here, the others train on without it from their next tick (`TICK_SECS`), and
+    the new process counts again from its first push or tick. A worker that is not a
+    restart (the job's first start, a join) has no live heartbeat, and this changes
+    nothing; a live process of the same index (not dead after all) beats again within a
+    tick. Each step is still aggregated from the gradients the lock accepted for it.
+
+    Args:
+      target: this worker's server (`grpc://...`).
+      worker: its replica index.
+      device, own_device: ps 0 ("/job:ps/task:0") and this worker, the session's only
+        peers (`device_filters`).
+      timeout_secs: the run's deadline.
+    Returns:
+      True if the heartbeat was ended; False where there is none to end (no such
+      variable on ps 0 yet: a fresh job, or another mode) or ps 0 did not answer in time.
+    """
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(device):
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float64, shape=[MAX_WORKERS],
+                                        shared_name=f"{SCOPE}/{BEAT}")
+        end = tf.raw_ops.ResourceScatterUpdate(
+            resource=handle, indices=tf.constant([worker], tf.int32),
+            updates=tf.zeros([1], tf.float64))
+    config = v1.ConfigProto(device_filters=[device, own_device],
+                            operation_timeout_in_ms=int(timeout_secs * 1000))
+    try:
+        with v1.Session(target, graph=graph, config=config) as sess:
+            sess.run(end, options=v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
+    except tf.errors.OpError as e:
+        logging.debug("sync: no earlier heartbeat of worker %d to end: %s", worker,
+                      str(e).splitlines()[0])
+        return False
+    logging.info("sync: worker %d's earlier heartbeat ended (a restarted worker: the others "
+                 "train on without it until its first push)", worker)
+    return True
 
 
 class StepStateReset(saveable_object.SaveableObject):

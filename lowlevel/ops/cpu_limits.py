@@ -57,31 +57,37 @@ class TaskCgroups(task_cgroups.TaskCgroupsBase):
         write(os.path.join(path, "cpu.cfs_period_us"), str(PERIOD_US))
         write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
 
-    def used(self, name: str) -> tuple[Optional[float], Optional[float]]:
-        """(CPU seconds used, seconds held back by the quota) in task `name`'s cgroup since
-        it was made (None where the kernel does not say)."""
+    def used(self, name: str) -> dict:
+        """Task `name`'s cgroup's counts since it was made (`cpu.stat`): "periods" (CFS
+        periods in which it ran under its quota: none without one), "throttled_periods"
+        (those in which the quota stopped it), "throttled_secs" (how long it was held
+        back), and "cpu_secs" where the kernel counts CPU time in the same cgroup (cgroup
+        v2, or v1 with cpu and cpuacct mounted together); a count it does not give: None."""
         stat = dict(line.split(" ", 1) for line in
                     (self.read(name, "cpu.stat") or "").splitlines() if " " in line)
-        if self.version == 2:
-            usage, throttled = stat.get("usage_usec"), stat.get("throttled_usec")
-            return (int(usage) / 1e6 if usage else None,
-                    int(throttled) / 1e6 if throttled else None)
-        usage = self.read(name, "cpuacct.usage")  # where cpu and cpuacct are one hierarchy
-        throttled = stat.get("throttled_time")
-        return (int(usage) / 1e9 if usage and usage.isdigit() else None,
-                int(throttled) / 1e9 if throttled else None)
+        count = lambda key, scale=None: (  # noqa: E731
+            (int(stat[key]) if scale is None else int(stat[key]) / scale)
+            if stat.get(key, "").isdigit() else None)
+        usage = self.read(name, "cpuacct.usage") if self.version == 1 else None
+        return {"periods": count("nr_periods"), "throttled_periods": count("nr_throttled"),
+                "throttled_secs": (count("throttled_usec", 1e6) if self.version == 2
+                                   else count("throttled_time", 1e9)),
+                "cpu_secs": (count("usage_usec", 1e6) if self.version == 2 else
+                             int(usage) / 1e9 if usage and usage.isdigit() else None)}
 
     def summary(self) -> str:
-        """"ps0 12.3 CPU-s, held back 0.4 s at 500m, ...": each limited task's use (its
-        CPU seconds where the kernel counts them in the same cgroup)."""
+        """"ps0 12.3 CPU-s, held back 0.4 s in 5 of 120 periods at 500m, ...": each
+        limited task's use of its quota."""
         parts = []
         for name, limit in self.limits.items():
             if not os.path.isdir(os.path.join(self.base, name)):
                 continue
-            usage, throttled = self.used(name)
-            used = f"{usage:.1f} CPU-s, " if usage is not None else ""
-            held = f"held back {throttled:.1f} s" if throttled is not None else "held back ?"
-            parts.append(f"{name} {used}{held} at {quantity(limit)}")
+            used = self.used(name)
+            cpu = f"{used['cpu_secs']:.1f} CPU-s, " if used["cpu_secs"] is not None else ""
+            held = (f"{used['throttled_secs']:.1f}" if used["throttled_secs"] is not None
+                    else "?")
+            parts.append(f"{name} {cpu}held back {held} s in {used['throttled_periods']} of "
+                         f"{used['periods']} periods at {quantity(limit)}")
         return ", ".join(parts)
 
 

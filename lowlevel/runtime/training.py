@@ -65,6 +65,7 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     """
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
+    _end_predecessor_lease(config, cluster, task, server)
     g = trainable.build(config, cluster, task, worker_gpu, preempted)
     metrics_lib.watch_training(g.progress, g.steps, g.progress.batch_size or config.batch_size)
     if task.is_chief and cluster:
@@ -94,6 +95,21 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
             if not preempted.is_set():
                 events.emit("done", g.steps.value, local_steps=g.progress.local_steps)
         return finish.after_training(config, cluster, task, g, trainable, preemption, started)
+
+
+def _end_predecessor_lease(config: TrainConfig, cluster: Optional[Cluster], task: Task,
+                           server) -> None:
+    """Sync training from the data queue: before anything else, this worker ends the
+    heartbeat a dead process of its index left on ps 0 (`elastic_sync.end_lease`), so the
+    others do not wait for this one's start. Only where ps 0 answers at once (a restart
+    in a running job; else there is nothing to end)."""
+    if not (cluster and server is not None and config.sync and task.replica_index is not None
+            and config.span_queue(True, True)):
+        return
+    from lowlevel.modes import elastic_sync
+    if probes.answers(cluster.hosts("ps")[0], 0.5):
+        elastic_sync.end_lease(server.target, task.replica_index, "/job:ps/task:0",
+                               f"/job:{task.job_name}/task:{task.task_index}")
 
 
 def _checked_checkpoint(output_dir: Optional[str], g: TrainGraph, task: Task):
