@@ -82,10 +82,10 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
                      time.monotonic() - started)
         with _monitored_session(creator, g, config, cluster, task) as sess:
             _session_ready(sess, creator, g, task, started, preemption, config.output_dir)
-            watch = None
+            watch = (faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
+                                       config.fault_timeout_secs, outage=outage)
+                     if cluster else None)
             if cluster:
-                watch = faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
-                                          config.fault_timeout_secs, outage=outage)
                 g.steps.outage = outage
                 outage.watchdog()
             loop.run(sess, g, config.train_steps, preempted, watch)
