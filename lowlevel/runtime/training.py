@@ -65,7 +65,6 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     """
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
-    _end_predecessor_lease(config, cluster, task, server)
     g = trainable.build(config, cluster, task, worker_gpu, preempted)
     metrics_lib.watch_training(g.progress, g.steps, g.progress.batch_size or config.batch_size)
     if task.is_chief and cluster:
@@ -82,10 +81,10 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
                      time.monotonic() - started)
         with _monitored_session(creator, g, config, cluster, task) as sess:
             _session_ready(sess, creator, g, task, started, preemption, config.output_dir)
-            watch = (faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
-                                       config.fault_timeout_secs, outage=outage)
-                     if cluster else None)
+            watch = None
             if cluster:
+                watch = faults.FaultWatch(task.name, outage.peers, config.step_timeout_secs,
+                                          config.fault_timeout_secs, outage=outage)
                 g.steps.outage = outage
                 outage.watchdog()
             loop.run(sess, g, config.train_steps, preempted, watch)
@@ -97,12 +96,12 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
         return finish.after_training(config, cluster, task, g, trainable, preemption, started)
 
 
-def _end_predecessor_lease(config: TrainConfig, cluster: Optional[Cluster], task: Task,
+def end_predecessor_lease(config: TrainConfig, cluster: Optional[Cluster], task: Task,
                            server) -> None:
-    """Sync training from the data queue: before anything else, this worker ends the
-    heartbeat a dead process of its index left on ps 0 (`elastic_sync.end_lease`), so the
-    others do not wait for this one's start. Only where ps 0 answers at once (a restart
-    in a running job; else there is nothing to end)."""
+    """Sync training from the data queue: as its server starts, before its graph, a worker
+    ends the heartbeat a dead process of its index left on ps 0 (`elastic_sync.end_lease`),
+    so the others do not wait for this one's start. Only where ps 0 answers at once (a
+    restart in a running job; else there is nothing to end). Never raises."""
     if not (cluster and server is not None and config.sync and task.replica_index is not None
             and config.span_queue(True, True)):
         return
