@@ -21,8 +21,10 @@ The protocol, per worker step:
 3. Completion, in the same lock: by the push that brings the accepted count to the
    required count, or by a worker's heartbeat tick (`tick`, every `TICK_SECS`) once a
    worker has left. Required: the live workers (a heartbeat within `live_secs`, from
-   every worker's tick thread and push), clipped to [`floor`, `cap`]
-   (`--min_replicas`, `--replicas_to_aggregate` or the declared workers). The mean of
+   every worker's tick thread and push; a worker process that starts, before its graph,
+   ends the heartbeat a dead process of its index left: `end_lease`), clipped to
+   [`floor`, `cap`] (`--min_replicas`, `--replicas_to_aggregate` or the declared
+   workers). The mean of
    the accepted gradients is applied, `pending` is added to the queue's `offset` (and
    to `seen`), global_step + 1, and one token per accepted push goes into the token
    queue (`sync_token_q`, which the end-of-training protocol closes).
