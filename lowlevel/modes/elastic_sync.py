@@ -24,10 +24,10 @@ The protocol, per worker step:
    every worker's tick thread and push; a worker process that starts, before its graph,
    ends the heartbeat a dead process of its index left: `end_lease`), clipped to
    [`floor`, `cap`] (`--min_replicas`, `--replicas_to_aggregate` or the declared
-   workers). The mean of
-   the accepted gradients is applied, `pending` is added to the queue's `offset` (and
-   to `seen`), global_step + 1, and one token per accepted push goes into the token
-   queue (`sync_token_q`, which the end-of-training protocol closes).
+   workers). The mean of the accepted gradients is applied, `pending` is added to the
+   queue's `offset` (and to `seen`), global_step + 1, and one token per accepted push
+   goes into the token queue (`sync_token_q`, which the end-of-training protocol
+   closes).
 4. An accepted worker waits in its step for a token (`_wait`). The step's result is
    the global step after it.
 
