@@ -226,25 +226,34 @@ def _assert_once_per_epoch(out, train_dir, passes=1, path=None):
 
 
 @pytest.mark.timeout(120)
-def test_a_restarted_sync_worker_ends_its_predecessors_heartbeat_at_once():
-    """`elastic_sync.end_lease`, from a graph of its own, on a real ps: the worker's entry of
-    the heartbeats the sync step counts live workers by is ended, the others' kept; with no
-    heartbeats on the ps (a fresh job) it ends nothing and says so by returning False."""
+@pytest.mark.parametrize("sparse", [False, True], ids=["cluster", "sparseCluster"])
+def test_a_restarted_sync_worker_ends_its_predecessors_heartbeat_at_once(sparse):
+    """`elastic_sync.end_lease`, from a graph of its own, on a real ps, with the servers and
+    session config the runtime gives a worker (on a sparseCluster: a master booted apart,
+    the cluster in the config): the worker's entry of the heartbeats the sync step counts
+    live workers by is ended, the others' kept; with no heartbeats on the ps (a fresh
+    job) it ends nothing and says so by returning False."""
+    from lowlevel.cluster.spec import Cluster, Task
     from lowlevel.modes import elastic_sync
+    from lowlevel.runtime import server as server_lib
     ps, worker = f"127.0.0.1:{clusters.free_port()}", f"127.0.0.1:{clusters.free_port()}"
-    spec = v1.train.ClusterSpec({"ps": [ps], "worker": [worker]})
-    servers = [v1.train.Server(spec, "ps", 0), v1.train.Server(spec, "worker", 0)]
-    target, devices = servers[1].target, ("/job:ps/task:0", "/job:worker/task:0")
-    assert not elastic_sync.end_lease(target, 1, *devices)  # nothing there yet
+    cluster = Cluster((ps,), (None, worker) if sparse else (f"127.0.0.1:1", worker),
+                      sparse=sparse)
+    ps_task, task = Task("ps", 0), Task("worker", 1)
+    server_lib.start(cluster, ps_task, server_lib.session_config(cluster, ps_task))
+    config = server_lib.session_config(cluster, task)
+    target = server_lib.start(cluster, task, config).target
+    devices = ("/job:ps/task:0", "/job:worker/task:1")
+    assert not elastic_sync.end_lease(target, 1, *devices, session_config=config)  # none yet
     graph = tf.Graph()
     with graph.as_default(), tf.device(devices[0]), v1.variable_scope(elastic_sync.SCOPE):
         beat = v1.get_variable(elastic_sync.BEAT, initializer=tf.fill(
             [elastic_sync.MAX_WORKERS], tf.constant(1.7e9, tf.float64)), trainable=False,
             use_resource=True, collections=[])  # as `ElasticSync` makes it
         read = beat.read_value()
-    with v1.Session(target, graph=graph) as sess:
+    with v1.Session(target, graph=graph, config=config) as sess:
         sess.run(beat.initializer)
-        assert elastic_sync.end_lease(target, 1, *devices)
+        assert elastic_sync.end_lease(target, 1, *devices, session_config=config)
         beats = sess.run(read)
     assert beats[1] == 0.0 and beats[0] == beats[2] == 1.7e9, beats[:3]
 

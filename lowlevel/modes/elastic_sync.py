@@ -323,7 +323,7 @@ def _count_seen(q, offset, pending):
 
 
 def end_lease(target: str, worker: int, device: str, own_device: str,
-              timeout_secs: float = 5.0) -> bool:
+              timeout_secs: float = 5.0, session_config=None) -> bool:
     """Ends worker `worker`'s heartbeat on ps 0 (`device`) at once, from a graph of its own:
     what a worker process does as it starts, before its training graph and session.
 
@@ -343,6 +343,8 @@ def end_lease(target: str, worker: int, device: str, own_device: str,
       device, own_device: ps 0 ("/job:ps/task:0") and this worker, the session's only
         peers (`device_filters`).
       timeout_secs: the run's deadline.
+      session_config: the worker's `ConfigProto` (on a sparseCluster it carries the
+        `cluster_def` its sessions need); its device filters are narrowed to the two.
     Returns:
       True if the heartbeat was ended; False where there is none to end (no such
       variable on ps 0 yet: a fresh job, or another mode) or ps 0 did not answer in time.
@@ -354,14 +356,20 @@ def end_lease(target: str, worker: int, device: str, own_device: str,
         end = tf.raw_ops.ResourceScatterUpdate(
             resource=handle, indices=tf.constant([worker], tf.int32),
             updates=tf.zeros([1], tf.float64))
-    config = v1.ConfigProto(device_filters=[device, own_device],
-                            operation_timeout_in_ms=int(timeout_secs * 1000))
+    config = v1.ConfigProto()
+    if session_config is not None:
+        config.CopyFrom(session_config)
+    config.device_filters[:] = [device, own_device]
+    config.operation_timeout_in_ms = int(timeout_secs * 1000)
     try:
         with v1.Session(target, graph=graph, config=config) as sess:
             sess.run(end, options=v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
+    except tf.errors.NotFoundError:  # no heartbeats on ps 0: a fresh job, no sync queue
+        return False
     except tf.errors.OpError as e:
-        logging.debug("sync: no earlier heartbeat of worker %d to end: %s", worker,
-                      str(e).splitlines()[0])
+        logging.info("sync: could not end worker %d's earlier heartbeat (%s); the others "
+                     "wait for this process's first push, at most --sync_live_secs", worker,
+                     str(e).splitlines()[0])
         return False
     logging.info("sync: worker %d's earlier heartbeat ended (a restarted worker: the others "
                  "train on without it until its first push)", worker)

@@ -95,7 +95,7 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     _log_cpus(task, session_config)
     if cluster:
         server = server_lib.start(cluster, task, session_config)
-        training.end_predecessor_lease(config, cluster, task, server)
+        training.end_predecessor_lease(config, cluster, task, server, session_config)
     _serving(cluster, task)
     try:
         checkpoints.check_finished(config.output_dir, config.train_steps)

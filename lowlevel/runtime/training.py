@@ -97,7 +97,7 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
 
 
 def end_predecessor_lease(config: TrainConfig, cluster: Optional[Cluster], task: Task,
-                           server) -> None:
+                          server, session_config=None) -> None:
     """Sync training from the data queue: as its server starts, before its graph, a worker
     ends the heartbeat a dead process of its index left on ps 0 (`elastic_sync.end_lease`),
     so the others do not wait for this one's start. Only where ps 0 answers at once (a
@@ -108,7 +108,8 @@ def end_predecessor_lease(config: TrainConfig, cluster: Optional[Cluster], task:
     from lowlevel.modes import elastic_sync
     if probes.answers(cluster.hosts("ps")[0], 0.5):
         elastic_sync.end_lease(server.target, task.replica_index, "/job:ps/task:0",
-                               f"/job:{task.job_name}/task:{task.task_index}")
+                               f"/job:{task.job_name}/task:{task.task_index}",
+                               session_config=session_config)
 
 
 def _checked_checkpoint(output_dir: Optional[str], g: TrainGraph, task: Task):
