@@ -21,8 +21,7 @@ from typing import Optional
 
 from lowlevel import errors, events
 from lowlevel.ops import forking, lifetime
-
-CHIEF = "worker0"  # the launcher's clusters have no chief job: worker 0 is the chief
+from lowlevel.ops.task_cgroups import CHIEF  # worker 0: the launcher's clusters have no chief job
 # Seconds the ps tasks may outlive the chief's finished run before the launcher stops them.
 PS_AFTER_CHIEF_SECS = 15.0
 # With the live line on, the tasks' own progress lines are not relayed (the line
