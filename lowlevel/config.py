@@ -321,6 +321,11 @@ class TrainConfig:
         0, "Serve Prometheus metrics on this port, all interfaces (GET /metrics; "
         "docs/metrics.md lists them), and the task's health for Kubernetes probes (GET "
         "/healthz: 200 while its server answers); 0: off.", minimum=0)
+    metrics_linger_secs: float = _field(
+        0.0, "Seconds a task with --metrics_port keeps answering after its part of the run "
+        "ends, until the first scrape after the end: set it to Prometheus' scrape interval "
+        "and the final figures (the chief's final global step) are scraped once; 0: exit at "
+        "once.", minimum=0)
     max_restarts: Optional[int] = _field(
         None, "Restarts of a task allowed in one run: a start after a failure other than a "
         "preemption (a retryable exit, a kill) counts, in <output_dir>/restarts/<task>.json; "

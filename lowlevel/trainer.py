@@ -46,9 +46,16 @@ def main(argv, preemption) -> int:
     preemption.task_name = task.name
     config = _config_for(cluster, task, schedule)
     _prepare_process(cluster, task, config)
-    from lowlevel.runtime import schedules
-    return schedules.run(schedule, config, cluster, task, preemption,
+    from lowlevel.runtime import metrics, schedules
+    code = schedules.run(schedule, config, cluster, task, preemption,
                          verbose=FLAGS.verbosity >= 1)
+    if metrics.current() is not None and config.metrics_linger_secs:
+        from absl import logging
+        logging.info("%s: waiting up to %g s for a last scrape of its metrics "
+                     "(--metrics_linger_secs)", task.name, config.metrics_linger_secs)
+        scraped = metrics.current().linger(config.metrics_linger_secs)
+        logging.info("%s: %s", task.name, "scraped" if scraped else "no scrape came")
+    return code
 
 
 def _config_for(cluster, task: Task, schedule: str) -> TrainConfig:

@@ -230,6 +230,31 @@ def test_serve_on_a_port_in_use_is_a_usage_error(ports):
         busy.close()
 
 
+def test_linger_waits_for_one_scrape_that_began_after_it(ports, monkeypatch):
+    monkeypatch.setattr(metrics, "_current", None)  # serve's globals, restored after
+    monkeypatch.setattr(events, "_listeners", list(events._listeners))
+    m = metrics.serve(ports(1)[0], "worker0", "worker", 0)
+    try:
+        _linger_waits(m)
+    finally:
+        m.close()
+
+
+def _linger_waits(m):
+    t0 = time.monotonic()
+    assert m.linger(0.3) is False  # nobody scrapes: the limit
+    assert time.monotonic() - t0 >= 0.3
+    assert scrape(m.port, "/healthz")[0] in (200, 503)  # a probe is not a scrape
+    later = threading.Timer(0.5, scrape, args=(m.port,))
+    later.start()
+    t0 = time.monotonic()
+    try:
+        assert m.linger(30) is True
+        assert 0.4 <= time.monotonic() - t0 < 20
+    finally:
+        later.join(10)
+
+
 # A real run, scraped.
 STEPS = 5000
 
@@ -274,7 +299,7 @@ def test_a_real_run_scrapes_with_the_final_step_and_the_benchmarks_bytes(ports, 
     out = tmp_path / "out"
     metric_ports = {"ps0": p[3], "worker0": p[4], "worker1": p[5]}
     flags = [f"--output_dir={out}", f"--train_steps={STEPS}", "--save_checkpoint_steps=1000",
-             "--keep_exports=0"]
+             "--keep_exports=0", "--metrics_linger_secs=30"]
     procs = {}
     for name, (job, index) in {"ps0": ("ps", 0), "worker0": ("worker", 0),
                                "worker1": ("worker", 1)}.items():
@@ -305,8 +330,9 @@ def test_a_real_run_scrapes_with_the_final_step_and_the_benchmarks_bytes(ports, 
     assert clusters.final_metrics(out)["global_step"] == STEPS
 
     by_task = {t: [(ts, s) for ts, task, s in scraped if task == t] for t in metric_ports}
-    # The step counter: the chief's last scrape (during its final checkpoint, evaluation
-    # and shutdown) shows the final step exactly; its local steps are its own count.
+    # The step counter: the chief's last scrape (the one --metrics_linger_secs waits for,
+    # after its session ended) shows the final step exactly; its local steps are its own.
+    assert "worker0: scraped" in (tmp_path / "worker0.log").read_text()
     chief_last = by_task["worker0"][-1][1]
     assert _step(chief_last) == STEPS
     tasks_file = json.loads((out / "tasks" / "worker0.json").read_text())

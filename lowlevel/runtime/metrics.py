@@ -117,6 +117,10 @@ class TaskMetrics:
                                        ["split"], registry=r)
         self.network: Optional[NetworkCounters] = None
         self.port: Optional[int] = None  # the port served on
+        self.server: Optional[http.server.HTTPServer] = None  # what serves it (`serve`)
+        self._scrapes = threading.Condition()
+        self._last_scrape = float("-inf")  # time.monotonic() at which the newest answered
+        # GET of /metrics began
         self._health: Callable[[], tuple[bool, str]] = lambda: (False, "starting")
         r.register(_FilesCollector(self))
         self._training = _TrainingCollector()
@@ -158,6 +162,39 @@ class TaskMetrics:
         for name, gauge in self.eval_values.items():
             if record.get(name) is not None:
                 gauge.labels(split).set(record[name])
+
+    def close(self) -> None:
+        """Stops serving and closes the port (a task serves until it exits; tests close)."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def answered(self, path: str, began: float) -> None:
+        """The handler has written its answer to a GET of `path` that began at `began`
+        (`time.monotonic()`): what `linger` waits for."""
+        if path.split("?", 1)[0] in ("/metrics", "/"):
+            with self._scrapes:
+                self._last_scrape = max(self._last_scrape, began)
+                self._scrapes.notify_all()
+
+    def linger(self, secs: float) -> bool:
+        """Waits until a scrape of /metrics that began after this call has been answered,
+        for at most `secs` seconds: the task's final figures (the chief's final global
+        step) reach a Prometheus that scrapes every `secs` before the process exits
+        (`--metrics_linger_secs`).
+
+        Returns:
+          True when such a scrape came, False when `secs` ran out (or was 0).
+        """
+        start = time.monotonic()
+        deadline = start + secs
+        with self._scrapes:
+            while self._last_scrape < start:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._scrapes.wait(left)
+        return True
 
     def watch_training(self, progress, steps, batch_size: int) -> None:
         self._training.watch(progress, steps, batch_size)
@@ -455,12 +492,15 @@ class _IPv4Server(http.server.ThreadingHTTPServer):
 def _handler(metrics: TaskMetrics):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the http.server API
+            began = time.monotonic()
             status, content_type, body = metrics.http_response(self.path)
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+            self.wfile.flush()
+            metrics.answered(self.path, began)
 
         def log_message(self, *args):  # scrapes and probes are not news
             pass
@@ -494,6 +534,7 @@ def serve(port: int, task_name: str, job: str, index: int,
                              "machine; give each task on a machine its own port") from None
         raise
     threading.Thread(target=server.serve_forever, name="metrics_http", daemon=True).start()
+    metrics.server = server
     metrics.port = server.server_address[1]
     _current = metrics
     from lowlevel import events
