@@ -410,6 +410,7 @@ def test_one_sync_worker_partitioned_then_healed(make_cluster, workers, replicas
     _links.shape(hosts, "ps0", OUTAGE_RATE)
     time.sleep(15)  # the outage itself
     hosts.heal(victim)
+    healed = time.time()
     deadline = time.monotonic() + 60  # its return: keepalive, a new session, a step
     while not clusters.task_events(out, victim, "fault_cleared"):
         assert time.monotonic() < deadline, clusters.task_events(out, victim)
@@ -420,7 +421,10 @@ def test_one_sync_worker_partitioned_then_healed(make_cluster, workers, replicas
     _links.shape(hosts, "ps0", 10**10)  # no limit to speak of
     assert_all_exit_0_exact(procs, out, steps)
     assert any(r["unix_time"] - cut < 15 for r in noticed(out, victim))
-    chief_waited = [r for r in noticed(out, "worker0") if cut <= r["unix_time"] <= cut + 15]
+    # While the victim was cut off: from the cut to the heal (15 s and what slowing the
+    # link and healing took; under the clean-clone suite's load the chief's notice once
+    # came past cut + 15, before the heal).
+    chief_waited = [r for r in noticed(out, "worker0") if cut <= r["unix_time"] <= healed]
     if replicas < workers:  # a backup worker: the chief never waited
         assert not chief_waited, chief_waited
         during = [r["global_step"] for r in clusters.task_events(out, "worker0", "progress")
