@@ -137,6 +137,33 @@ def test_the_supervisor_relays_every_line_in_order_and_a_last_unended_one():
     assert sup.procs["t"].wait(10) == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_forked_task_waits_for_its_release_and_without_it_exits_1_having_run_nothing():
+    """`forking.start(gate=)`: a task starts only once the launcher has put it into its
+    cgroups; a launcher that could not closes the gate, and the task exits 1."""
+    from lowlevel.ops import forking
+    gate_r, gate_w = os.pipe()
+    out_r, out_w = os.pipe()
+    task = forking.start([sys.executable, "-m", "lowlevel.trainer", "--helpfull"],
+                         dict(os.environ), out_w, close_fds=[gate_w, out_r], gate=gate_r)
+    os.close(gate_r)
+    os.close(out_w)
+    try:
+        time.sleep(1.0)
+        assert task.poll() is None  # held at the gate
+        os.close(gate_w)  # closed, never released
+        gate_w = None
+        assert task.wait(timeout=30) == 1
+        assert os.read(out_r, 1 << 16) == b""  # --helpfull never ran
+    finally:
+        if gate_w is not None:
+            os.close(gate_w)
+        if task.poll() is None:
+            task.send_signal(signal.SIGKILL)
+            task.wait(timeout=10)
+        os.close(out_r)
+
+
 def _launcher_cgroups() -> list[str]:
     """The launcher cgroups (`memory_limits.PREFIX`) under this process's memory cgroup."""
     from lowlevel.ops import memory_limits, resources

@@ -79,14 +79,17 @@ class ForkedTask:
 FORKABLE = ("lowlevel.trainer", "lowlevel")
 
 
-# What a trainer's task imports after TensorFlow: its runtime, and scikit-learn for the
-# image data sets (`data.images`) and the AUC (`runtime.evaluation`). Imported once in the
-# launcher (`lowlevel.launch.preload`), not once per forked task: scikit-learn alone is
-# ~1.1 s of CPU per worker or evaluator after TensorFlow (`import sklearn.datasets,
-# sklearn.model_selection` after `import_tensorflow()`, 2026-11-27). Its import starts no
-# thread.
-TRAINER_MODULES = ("lowlevel.runtime.schedules", "sklearn.datasets", "sklearn.model_selection",
-                   "sklearn.metrics")
+# What a trainer's task imports after TensorFlow: its runtime (the schedules import training
+# and evaluation lazily: a ps needs neither), and scikit-learn for the image data sets
+# (`data.images`) and the AUC (`runtime.evaluation`). Imported once in the launcher
+# (`lowlevel.launch.preload`), not once per forked task: scikit-learn alone is ~1.1 s of
+# CPU per worker or evaluator after TensorFlow (`import sklearn.datasets,
+# sklearn.model_selection` after `import_tensorflow()`, 2026-11-27); the training modules
+# ~0.3 s more in a restarted chief without bytecode caches (`PYTHONDONTWRITEBYTECODE`,
+# py-spy, 2026-11-29). Their import starts no thread.
+TRAINER_MODULES = ("lowlevel.runtime.schedules", "lowlevel.runtime.training",
+                   "lowlevel.runtime.finish", "lowlevel.runtime.evaluation",
+                   "sklearn.datasets", "sklearn.model_selection", "sklearn.metrics")
 
 
 def freeze_heap() -> None:
@@ -99,7 +102,11 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
+RELEASE = b"g"  # written to a task's gate once it is in its cgroups (`start`)
+
+
+def start(argv: list, env: dict, output_fd: int, close_fds=(),
+          gate: Optional[int] = None) -> ForkedTask:
     """Forks this process into the task `argv` (`[python, "-m", "lowlevel.trainer", ...]`).
 
     Args:
@@ -107,7 +114,10 @@ def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
       env: the task's whole environment.
       output_fd: where the task's stdout and stderr go (the write end of a pipe).
       close_fds: descriptors of this process the task must not keep (the other
-        tasks' pipes, the selector).
+        tasks' pipes, the selector, the write end of `gate`).
+      gate: the read end of a pipe: the task waits until `RELEASE` comes through it
+        (the launcher has put it into its cgroups, `--cpu`/`--memory`), and exits 1
+        without running if the pipe closes first. None: it runs at once.
 
     Raises:
       ValueError: `argv` does not run `python -m` one of `FORKABLE`.
@@ -116,13 +126,14 @@ def start(argv: list, env: dict, output_fd: int, close_fds=()) -> ForkedTask:
         raise ValueError(f"only python -m {' or '.join(FORKABLE)} can be forked, not {argv[:3]}")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # else the child would write the launcher's buffered output again
-    process = _FORK.Process(target=_task, args=(argv, env, output_fd, tuple(close_fds)),
+    process = _FORK.Process(target=_task,
+                            args=(argv, env, output_fd, tuple(close_fds), gate),
                             name=" ".join(argv[2:3] + argv[-2:]), daemon=False)
     process.start()
     return ForkedTask(process)
 
 
-def _task(argv, env, output_fd, close_fds):
+def _task(argv, env, output_fd, close_fds, gate):
     """The child: becomes `python -m MODULE argv[3:]`; its exit status is the task's."""
     _default_signals()  # not the launcher's handlers, from the first moment
     for fd in close_fds:
@@ -130,6 +141,11 @@ def _task(argv, env, output_fd, close_fds):
             os.close(fd)
         except OSError:
             pass
+    if gate is not None:
+        released = os.read(gate, 1) == RELEASE
+        os.close(gate)
+        if not released:
+            os._exit(1)  # the launcher could not place it, and says why
     redirect(output_fd, output_fd)
     run_as_main(argv, env)
 

@@ -89,12 +89,16 @@ class Supervisor:
     def _start(self, name: str) -> None:
         """Starts the task `name`: forked (`lowlevel.ops.forking`) or as its own command."""
         read_fd, write_fd = os.pipe()
+        # A forked task waits for its cgroups (`forking.start`'s gate): it would otherwise
+        # size its thread pools before it is in its CPU cgroup (seen: "2 CPUs (cores)")
+        gate_r, gate_w = os.pipe() if self.fork else (None, None)
         env = dict(self._env, **self.envs.get(name, {}))
         try:
             if self.fork:
                 others = [key.fd for key in self._selector.get_map().values()]
                 proc = forking.start(self.commands[name], env, write_fd,
-                                     others + [read_fd, self._selector.fileno()])
+                                     others + [read_fd, self._selector.fileno(), gate_w],
+                                     gate=gate_r)
             else:
                 proc = subprocess.Popen(self.commands[name], stdout=write_fd, stderr=write_fd,
                                         stdin=subprocess.DEVNULL, env=env)
@@ -102,11 +106,19 @@ class Supervisor:
             os.close(read_fd)
             raise
         finally:
-            os.close(write_fd)
+            for fd in (write_fd, gate_r):
+                if fd is not None:
+                    os.close(fd)
         self.procs[name] = proc
-        for cgroups in (self.memory, self.cpu):
-            if cgroups is not None:
-                cgroups.add(name, proc.pid)
+        try:
+            for cgroups in (self.memory, self.cpu):
+                if cgroups is not None:
+                    cgroups.add(name, proc.pid)
+            if gate_w is not None:
+                os.write(gate_w, forking.RELEASE)
+        finally:
+            if gate_w is not None:
+                os.close(gate_w)  # not released: the task exits (`forking.start`)
         self._open.add(proc.pid)
         self.events.append((time.time(), name, "started"))
         self._selector.register(read_fd, selectors.EVENT_READ, (name, proc.pid, bytearray()))
