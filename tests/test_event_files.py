@@ -1,4 +1,5 @@
-"""Eval summaries of two runs on one directory in one second (`outputs.files.event_writer`)."""
+"""Eval summaries of two runs on one directory in one second (`outputs.files.event_writer`);
+the graph written once per graph (`outputs.files.write_graph`)."""
 
 import glob
 import os
@@ -54,3 +55,37 @@ def test_event_writers_of_two_processes_in_one_second_keep_both_runs_events(tmp_
     assert _steps(tmp_path) == [100, 202]
     names = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "events.*")))
     assert [n.rsplit(".", 1)[-1] for n in names] == sorted([str(pid), str(pid + 1)])
+
+
+def _graph(units: int) -> tf.Graph:
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", [4, units])
+        tf.matmul(x, w, name="y")
+    return graph
+
+
+def _graphs_in_events(directory) -> int:
+    return sum(e.HasField("graph_def")
+               for path in glob.glob(os.path.join(directory, "events.out.tfevents.*"))
+               for e in tf.compat.v1.train.summary_iterator(path))
+
+
+def test_the_graph_is_written_once_and_again_only_when_it_changes(tmp_path):
+    from google.protobuf import text_format
+    path = tmp_path / files.GRAPH_FILE
+    assert files.write_graph(_graph(3), str(tmp_path)) is True
+    first = path.read_text()
+    parsed = text_format.Parse(first, tf.compat.v1.GraphDef())  # the header is a comment
+    assert parsed == _graph(3).as_graph_def(add_shapes=True)
+    assert {n.name for n in parsed.node} >= {"x", "w", "y"}
+    mtime = path.stat().st_mtime_ns
+    # A restarted chief: the same graph built again in a new tf.Graph
+    assert files.write_graph(_graph(3), str(tmp_path)) is False
+    assert path.read_text() == first and path.stat().st_mtime_ns == mtime
+    assert files.write_graph(_graph(5), str(tmp_path)) is True  # another graph: rewritten
+    assert path.read_text() != first
+    assert not list(tmp_path.glob("*.tmp"))
+    files.close_event_writers()
+    assert _graphs_in_events(tmp_path) == 2  # TensorBoard's graph: once per write

@@ -63,7 +63,7 @@ def after_training(config: TrainConfig, cluster: Optional[Cluster], task: Task, 
       errors.StorageFailure: the chief's final checkpoint could not be saved.
     """
     # Flush and close the summary writers (a full disk fails here too: a line).
-    storage.Writes("summaries").run(v1.summary.FileWriterCache.clear, config.output_dir or "")
+    storage.Writes("summaries").run(_close_summaries, config.output_dir or "")
     if preemption is not None and preemption.requested.is_set():
         _preempted(config.output_dir, task, g.progress.end_step, preemption)
         return None
@@ -87,6 +87,13 @@ def after_training(config: TrainConfig, cluster: Optional[Cluster], task: Task, 
         _write_records(config.output_dir, task, g.progress.task_record(),
                        metrics if task.is_chief else None)
     return metrics if task.is_chief else None
+
+
+def _close_summaries() -> None:
+    """Flushes and closes the runtime's events writers and any a user's hook made through
+    TF's `FileWriterCache`."""
+    files.close_event_writers()
+    v1.summary.FileWriterCache.clear()
 
 
 def _preempted(output_dir: Optional[str], task: Task, end_step, preemption) -> None:

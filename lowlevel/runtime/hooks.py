@@ -24,7 +24,7 @@ import tensorflow as tf
 from absl import logging
 
 from lowlevel import errors, events, output_layout
-from lowlevel.outputs import checkpoints, storage
+from lowlevel.outputs import checkpoints, files, storage
 
 v1 = tf.compat.v1
 
@@ -124,12 +124,8 @@ class CheckpointHook(v1.train.SessionRunHook):
         if self._first_session:
             self._first_session = False
             graph = v1.get_default_graph()
-
-            def write_graph():
-                tf.io.write_graph(graph.as_graph_def(add_shapes=True), self._output_dir,
-                                  "graph.pbtxt")
-                v1.summary.FileWriterCache.get(self._output_dir).add_graph(graph)
-            self._graph_writes.run(write_graph, self._output_dir)
+            self._graph_writes.run(lambda: files.write_graph(graph, self._output_dir),
+                                   self._output_dir)
             newest = max((s for s in map(checkpoints.step_of, checkpoints.all_checkpoints(
                 self._output_dir)) if s is not None), default=None)
             if newest is not None and step > newest:
@@ -234,7 +230,7 @@ class SummaryHook(v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         if run_values.results and self._acting:
-            self._writes.run(lambda: v1.summary.FileWriterCache.get(self._output_dir).add_summary(
+            self._writes.run(lambda: files.event_writer(self._output_dir).add_summary(
                 run_values.results["summary"], run_values.results["step"]), self._output_dir)
 
 

@@ -11,6 +11,7 @@ from absl import logging
 
 from lowlevel import events
 from lowlevel.models import dynamic_embeddings
+from lowlevel.outputs import files
 from lowlevel.runtime.hooks import LoopState
 
 v1 = tf.compat.v1
@@ -125,7 +126,7 @@ class ProgressHook(v1.train.SessionRunHook):
                     steps_per_sec=round(steps_per_sec, 2), train_steps=self._train_steps,
                     **({"dynamic_rows": rows} if rows else {}))
         if self._summary_dir and step > self._last_step:
-            writer = v1.summary.FileWriterCache.get(self._summary_dir)
+            writer = files.event_writer(self._summary_dir)
             writer.add_summary(v1.Summary(value=[v1.Summary.Value(
                 tag="examples_per_sec", simple_value=examples_per_sec)]), step)
         self._last_step, self._last_time = step, now
