@@ -59,6 +59,9 @@ FAULT_EVENTS = ("fault_noticed", "fault_cleared", "recovered", "checkpoint_faile
 _CHECKPOINT_LINE = re.compile(r'^model_checkpoint_path:\s*"([^"]*)"', re.M)
 
 
+METRICS_PATHS = ("/metrics", "/")  # GETs answered with the metrics (a scrape)
+
+
 class TaskMetrics:
     """The metrics of one task, in a registry of their own.
 
@@ -172,7 +175,7 @@ class TaskMetrics:
     def answered(self, path: str, began: float) -> None:
         """The handler has written its answer to a GET of `path` that began at `began`
         (`time.monotonic()`): what `linger` waits for."""
-        if path.split("?", 1)[0] in ("/metrics", "/"):
+        if path.split("?", 1)[0] in METRICS_PATHS:
             with self._scrapes:
                 self._last_scrape = max(self._last_scrape, began)
                 self._scrapes.notify_all()
@@ -202,7 +205,7 @@ class TaskMetrics:
     def http_response(self, path: str) -> tuple[int, str, bytes]:
         """(status, content type, body) for a GET of `path`."""
         path = path.split("?", 1)[0]
-        if path in ("/metrics", "/"):
+        if path in METRICS_PATHS:
             return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
         if path in ("/healthz", "/livez", "/readyz"):
             ok, why = self.health()
