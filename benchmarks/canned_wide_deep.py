@@ -3,6 +3,8 @@
     python -m benchmarks.canned_wide_deep        # 2 rounds x 2 sides, 2000 steps: ~2.5 min
                                                  # on the idle 2-core machine, ~4 min loaded
     python -m benchmarks.canned_wide_deep --repeats=1 --max_steps=1000 --evaluator
+    python -m benchmarks.canned_wide_deep --repeats=3 --communication_period=8
+                                                 # lowlevel in the communication-reduced mode
 
 Runs tests/estimator_scripts/wide_deep_movielens.py (MovieLens 100K,
 `tf.estimator.DNNLinearCombinedClassifier` under `tf.estimator.train_and_evaluate`,
@@ -11,7 +13,10 @@ unmodified) as one ps, a chief and `--num_workers` workers (async; plus an evalu
 
   tf2.15    `REF_PYTHON SCRIPT ...` with `--ref_python` (default /work/ref215/bin/python:
             tensorflow 2.15.1 + tensorflow-estimator 2.15.0)
-  lowlevel  `python -m lowlevel.estimator SCRIPT ...` with this interpreter (TF 2.21)
+  lowlevel  `python -m lowlevel.estimator SCRIPT ...` with this interpreter (TF 2.21); with
+            `--communication_period=K` > 1 its tasks get LOWLEVEL_COMMUNICATION_PERIOD=K (K
+            local steps between exchanges with the ps, lowlevel/modes/local_sgd.py), else
+            the exact async mode
 
 Both sides in each round, the order alternating (round 0: tf2.15 first, round 1: lowlevel
 first, ...), `--repeats` rounds, one cluster at a time. Every task starts at once; each
@@ -200,11 +205,14 @@ def _final_checkpoint(model_dir: str) -> tuple[Optional[int], Optional[float]]:
     return (int(step.group(1)) if step else None), mtime
 
 
-def _env(side: str, tf_config: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "PYTHONPATH")}
+def _env(side: str, tf_config: dict, communication_period: int = 1) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "PYTHONPATH", "LOWLEVEL_COMMUNICATION_PERIOD")}
     env.update(PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(tf_config))
     if side == "lowlevel":
         env["PYTHONPATH"] = ROOT
+        if communication_period > 1:
+            env["LOWLEVEL_COMMUNICATION_PERIOD"] = str(communication_period)
     return env
 
 
@@ -234,7 +242,7 @@ def _start(side: str, flags, workdir: str, model_dir: str, tasks: dict) -> None:
     for job, index in roles:
         name = f"{job}{index}"
         tf_config = {"cluster": spec, "task": {"type": job, "index": index}}
-        tasks[name] = Task(name, argv, _env(side, tf_config),
+        tasks[name] = Task(name, argv, _env(side, tf_config, flags.communication_period),
                            os.path.join(workdir, f"{name}.log"), STEP_LINE[side])
 
 
@@ -369,6 +377,7 @@ def summarise(runs: list, flags) -> dict:
               abs(auc_diff) <= AUC_TOLERANCE)
     return {"benchmark": "canned_wide_deep", "num_ps": flags.num_ps,
             "workers": 1 + flags.num_workers, "evaluator": flags.evaluator,
+            "lowlevel_communication_period": flags.communication_period,
             "max_steps": flags.max_steps, "batch_size": flags.batch_size,
             "repeats": flags.repeats, "sides": by_side,
             "ratio_lowlevel_over_tf215": round(ratio, 3) if ratio is not None else None,
@@ -441,6 +450,11 @@ def main(argv=None) -> dict:
     p.add_argument("--num_workers", type=int, default=1,
                    help="workers besides the chief (1: 2 training tasks)")
     p.add_argument("--evaluator", action="store_true", help="also run an evaluator task")
+    p.add_argument("--communication_period", type=int, default=1,
+                   help="lowlevel's side: local steps between exchanges with the ps "
+                        "(LOWLEVEL_COMMUNICATION_PERIOD in its tasks' environment: the "
+                        "communication-reduced mode, lowlevel/modes/local_sgd.py); 1: the "
+                        "exact async mode")
     p.add_argument("--repeats", type=int, default=2, help="rounds (each runs both sides)")
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset")
     p.add_argument("--steady_warmup_secs", type=float, default=2.0,

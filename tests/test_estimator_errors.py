@@ -253,3 +253,18 @@ def test_no_checkpoint_finite_and_empty_inputs(est, de, tmp_path):
     assert empty.get_variable_value("global_step") == expected["global_step"]
     assert sorted(re.sub(r"tfevents\..*", "tfevents.*", f) for f in os.listdir(empty_dir)) == \
         sorted(re.sub(r"tfevents\..*", "tfevents.*", f) for f in expected["files"])
+
+
+def test_the_training_mode_from_the_environment(monkeypatch):
+    """`LOWLEVEL_SYNC`, `LOWLEVEL_REPLICAS_TO_AGGREGATE`, `LOWLEVEL_COMMUNICATION_PERIOD`: the
+    trainer's flags for a script that has none; a value that is not one is a usage error
+    naming the variable (one line, exit 2 from `python -m lowlevel.estimator`)."""
+    from lowlevel.errors import UsageError
+    from lowlevel.estimator import distributed
+    monkeypatch.setenv("LOWLEVEL_SYNC", "1")
+    monkeypatch.setenv("LOWLEVEL_COMMUNICATION_PERIOD", "8")
+    assert distributed._mode_from_environment() == {"sync": True, "communication_period": 8}
+    monkeypatch.setenv("LOWLEVEL_COMMUNICATION_PERIOD", "0")
+    with pytest.raises(UsageError, match="LOWLEVEL_COMMUNICATION_PERIOD='0': expected a "
+                       "positive integer .the trainer's --communication_period"):
+        distributed._mode_from_environment()

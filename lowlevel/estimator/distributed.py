@@ -27,7 +27,9 @@ after the final checkpoint, and the evaluator, once the chief's final metrics
 appear, evaluates the final checkpoint at once (not a throttle later) and returns.
 
 `LOWLEVEL_SYNC=1` in the environment trains synchronously through the runtime (its
-`--sync`; `LOWLEVEL_REPLICAS_TO_AGGREGATE` its `--replicas_to_aggregate`).
+`--sync`; `LOWLEVEL_REPLICAS_TO_AGGREGATE` its `--replicas_to_aggregate`);
+`LOWLEVEL_COMMUNICATION_PERIOD=K` trains K local steps between exchanges with the ps (its
+`--communication_period`: `lowlevel.modes.local_sgd`).
 
 `run` returns None on every task, as 2.15. A task that must stop with a status
 other than 0 (preempted: 128 + N; a failure: the exit-status table of
@@ -98,15 +100,20 @@ def _train_config(estimator, train_spec, cluster) -> TrainConfig:
         save_checkpoint_steps=config.save_checkpoints_steps,
         save_checkpoint_secs=config.save_checkpoints_secs or 600.0,
         keep_checkpoint_max=config.keep_checkpoint_max or 5,
-        seed=config.tf_random_seed or 0, keep_exports=0, **_sync_from_environment(),
+        seed=config.tf_random_seed or 0, keep_exports=0, **_mode_from_environment(),
     ).validate(cluster.num_workers if cluster else None)
 
 
-def _sync_from_environment() -> dict:
-    """`LOWLEVEL_SYNC=1`: the runtime trains the model_fn's optimizer synchronously (the
+def _mode_from_environment() -> dict:
+    """The training mode the environment asks for, as TrainConfig fields.
+
+    `LOWLEVEL_SYNC=1`: the runtime trains the model_fn's optimizer synchronously (the
     trainer's --sync: one SyncReplicasOptimizer round per step, every worker's gradient,
     exact end); `LOWLEVEL_REPLICAS_TO_AGGREGATE=N` leaves backup workers. For a model_fn
     that does not wrap its optimizer itself: a canned estimator's, say.
+    `LOWLEVEL_COMMUNICATION_PERIOD=K`: K local steps on worker-local copies between
+    exchanges with the ps (the trainer's --communication_period; async local SGD or, with
+    LOWLEVEL_SYNC=1, model averaging; 1: the exact mode).
 
     Raises:
       UsageError: a value that is not 0/1 (or true/false), or not a positive integer.
@@ -117,12 +124,14 @@ def _sync_from_environment() -> dict:
         if text not in ("0", "1", "true", "false"):
             raise UsageError(f"LOWLEVEL_SYNC={text!r}: expected 1 or 0")
         found["sync"] = text in ("1", "true")
-    text = os.environ.get("LOWLEVEL_REPLICAS_TO_AGGREGATE", "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise UsageError(f"LOWLEVEL_REPLICAS_TO_AGGREGATE={text!r}: expected a positive "
-                             "integer (the trainer's --replicas_to_aggregate)")
-        found["replicas_to_aggregate"] = int(text)
+    for field in ("replicas_to_aggregate", "communication_period"):
+        name = f"LOWLEVEL_{field.upper()}"
+        text = os.environ.get(name, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise UsageError(f"{name}={text!r}: expected a positive integer (the "
+                                 f"trainer's --{field})")
+            found[field] = int(text)
     return found
 
 

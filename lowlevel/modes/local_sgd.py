@@ -28,13 +28,22 @@ variables bound for one ps task travel as one tensor each way. With one
 worker it is in-process training, up to rounding and the one block by which
 the pulled values lag. What it trades, with several
 workers: a worker's steps start from parameters that miss up to 2K of each
-other worker's steps (the exact async mode misses up to one), and the
-optimizer's slots (Adagrad accumulators, Adam moments) are per worker instead
-of shared (the chief's are what checkpoints hold: `lowlevel.modes.optimizer_state`).
-A worker that joins a trained model late (or restarts) loads the optimizer
-state of the last checkpoint, the initial state before the first one; older
-state means larger steps than the others take (fresh Adagrad: ~10x after 1,000
-steps), which can throw the shared model off (benchmarks/NOTES.md, 2026-11-24).
+other worker's steps (the exact async mode misses up to one). The optimizer's
+slots that only add to themselves (`ADDITIVE_SLOTS`: Adagrad's accumulator,
+FTRL's accumulator and linear) are exchanged as the variables are, as deltas
+added to a shared twin on the ps (`optimizer_state.Mirrors`), so every worker's
+steps are scaled by what all workers accumulated, as in the exact mode; kept
+per worker, FTRL, which recomputes each weight from its own slots, undid the
+other workers' steps at every one of its own (a canned wide & deep: test AUC
+0.588 against 0.603 at any K, benchmarks/NOTES.md 2026-12-02). Slots that decay
+(Momentum's, Adam's moments) would add their decay once per worker as deltas:
+they stay per worker (the chief's are what checkpoints hold), and so do all
+slots in the sync mode (model averaging). A worker that joins a trained model
+late (or restarts) loads the optimizer state of the last checkpoint, the shared
+twins as they are; per-worker state from a checkpoint, or the initial state
+before the first one; older state means larger steps than the others take
+(fresh Adagrad: ~10x after 1,000 steps), which can throw the shared model off
+(benchmarks/NOTES.md, 2026-11-24).
 So a fresh async run starts together: the chief waits, up to
 `--start_wait_secs`, until every worker is ready (`lowlevel.runtime.start`); before,
 about 1 digits run in 22 ended below 0.93 because the second worker was ready
@@ -137,6 +146,7 @@ class LocalCopies:
             made = [v1.Variable(initial, trainable=False, name=f"{name}/{role}",
                                 collections=[v1.GraphKeys.LOCAL_VARIABLES])
                     for role in ("local", "anchor", "diff")]
+        setattr(made[0], _COPY_OF, shards[0])
         self.copies.append(Copy(shards, *made))
         self._by_name[name] = made[0]
         return made[0]
@@ -156,6 +166,17 @@ class LocalCopies:
         if missing:
             raise ValueError(f"variables without a local copy: {', '.join(missing[:5])}")
         return list({id(own[id(v)]): own[id(v)] for v in variables}.values())
+
+
+_COPY_OF = "_lowlevel_copy_of"  # on a copy: its model variable (the first shard)
+
+
+def model_variable(variable):
+    """The model's variable (its first shard, when sharded) that `variable` is the worker's
+    copy of (`LocalCopies`), or `variable` itself when it is no copy. An optimizer that
+    dispatches by variable (a canned wide & deep's `Combined`: the linear part's FTRL, the
+    DNN's Adagrad) looks its copies up by it."""
+    return getattr(variable, _COPY_OF, variable)
 
 
 @dataclasses.dataclass
@@ -246,11 +267,15 @@ def build(opt, grads_and_vars, copies: LocalCopies, global_step, period: int, la
         block_steps = min(period, BLOCK_STEPS)
         block = local_block(lambda: _local_update(opt, table_opt, next_grads(), copies)[0],
                             block_steps)
+    shared = [] if sync is not None else _additive_slots(opt, copies.copies)
     state = optimizer_state.Mirrors(
         made, {c.copy.op.name: (c.copy.op.name[:-len("/local")], c.shards[0].device)
-               for c in copies.copies}, global_step.device)
+               for c in copies.copies}, global_step.device, shared=shared)
     if sync is None:
-        send, merge, resync = exchange.async_exchange(copies.copies, copies.device)
+        send, merge, resync = exchange.async_exchange(
+            copies.copies + [Copy([twin], slot, anchor, diff)
+                             for twin, slot, anchor, diff in state.shared_copies()],
+            copies.device)
         return LocalSGDOps(local_step, exchange.claim(global_step, period, last_step),
                            block, block_steps, send=send, merge=merge, resync=resync,
                            state=state)
@@ -258,6 +283,33 @@ def build(opt, grads_and_vars, copies: LocalCopies, global_step, period: int, la
                                                   period, last_step, *sync)
     return LocalSGDOps(local_step, exchange.next_round(global_step, period, last_step), block,
                        block_steps, exchange=sync_round, sync_optimizer=sync_opt, state=state)
+
+
+# The slots, by optimizer class, that only ever add to themselves (no decay, no
+# overwrite): a sum over every worker's steps is what one shared optimizer would hold, so
+# async exchanges them as deltas, as the model's variables. Adagrad's accumulator (sum of
+# g^2); FTRL's accumulator (sum of g^2) and linear (z: sum of g - sigma * w; McMahan et al.,
+# KDD 2013). Momentum and Adam's moments decay: their deltas would add the decay once per
+# worker, so they stay per worker.
+ADDITIVE_SLOTS = {"AdagradOptimizer": ("accumulator",), "FtrlOptimizer": ("accum", "linear"),
+                  "ProximalAdagradOptimizer": ("accumulator",)}
+
+
+def additive_slot_names(opt, var) -> tuple:
+    """The names of `opt`'s slots for `var` that only add (`ADDITIVE_SLOTS`): an optimizer's
+    own `additive_slot_names(var)` where it has one (lowlevel's canned optimizers, and their
+    `Combined`), else by its TensorFlow class."""
+    own = getattr(opt, "additive_slot_names", None)
+    if own is not None:
+        return tuple(own(var))
+    return next((names for cls in type(opt).__mro__
+                 for name, names in ADDITIVE_SLOTS.items() if cls.__name__ == name), ())
+
+
+def _additive_slots(opt, copies: list) -> list:
+    """The additive slots (`ADDITIVE_SLOTS`) `opt` made for the copies, in the copies' order."""
+    return [slot for c in copies for name in additive_slot_names(opt, c.copy)
+            if (slot := opt.get_slot(c.copy, name)) is not None]
 
 
 def _local_update(opt, table_opt, grads_and_vars, copies: LocalCopies):
@@ -275,7 +327,12 @@ def _local_update(opt, table_opt, grads_and_vars, copies: LocalCopies):
     if table_grads:
         updates.append((table_opt or opt).apply_gradients(table_grads))
     before = set(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
-    updates.append(opt.apply_gradients([(g, v) for g, v in pairs if id(v) not in tables]))
+    # On the worker, with the copies: what the optimizer makes for them outside their slots
+    # (Keras-named hyper-parameters and step counts, Adam's powers) is worker-local too;
+    # left to the device function it went to a ps, shared by every worker's local
+    # variables of that name and read there in every local step.
+    with v1.device(None), v1.device(copies.device):
+        updates.append(opt.apply_gradients([(g, v) for g, v in pairs if id(v) not in tables]))
     made = [v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES) if v not in before]
     return tf.group(updates), made
 

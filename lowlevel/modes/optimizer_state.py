@@ -45,23 +45,33 @@ class Mirrors:
       default_device: where variables that belong to no copy go (global_step's
         device).
 
+      shared: the slots among `local_state` that the async exchange shares among the
+        workers (`local_sgd.ADDITIVE_SLOTS`): their twins are the shared state, which the
+        exchange adds each worker's delta to and pulls from (`shared_copies`), so the
+        chief's `save_state` leaves them alone.
+
     Attributes:
       names: {name in checkpoints: twin}, for `checkpoints.saved_names`.
       save_state: op: twins := the local state (the chief runs it before saving).
     """
 
-    def __init__(self, local_state, copies: dict, default_device: str):
+    def __init__(self, local_state, copies: dict, default_device: str, shared=()):
         self.names = {}
         self._pairs = []  # (local variable, its twin)
+        self._anchors = {}  # id(shared slot): (its anchor, its diff), worker-local
+        shared_ids = {id(v) for v in shared}
         saves = []
         for var in local_state:
             name, device = _checkpoint_name(var.op.name, copies), default_device
             for copy_name, (model_name, model_device) in copies.items():
-                if var.op.name.startswith(copy_name + "/"):
+                if _copy_prefix(var.op.name, copy_name) is not None:
                     device = model_device
             with v1.device(None), v1.device(device):
                 twin = v1.Variable(var.initial_value, trainable=False,
                                    name=f"{SCOPE}/{name}")
+            if id(var) in shared_ids:
+                self._anchors[id(var)] = _anchor_and_diff(var)
+            else:
                 saves.append(twin.assign(var.read_value(), read_value=False))
             self._pairs.append((var, twin))
             self.names[name] = twin
@@ -76,8 +86,28 @@ class Mirrors:
         with tf.control_dependencies([after]):
             for var, twin in self._pairs:
                 with v1.device(None), v1.device(var.device):
-                    loads.append(var.assign(twin.read_value(), read_value=False))
+                    value = twin.read_value()
+                    loads.append(var.assign(value, read_value=False))
+                    if id(var) in self._anchors:  # the exchange's delta starts at 0
+                        loads.append(self._anchors[id(var)][0].assign(value,
+                                                                      read_value=False))
         return tf.group(loads, name="load_optimizer_state")
+
+    def shared_copies(self) -> list:
+        """[(twin, slot, anchor, diff)] of each shared slot: what `exchange.async_exchange`
+        exchanges as it does a model variable's copy (`local_sgd.Copy`: shards [twin])."""
+        return [(twin, var, *self._anchors[id(var)]) for var, twin in self._pairs
+                if id(var) in self._anchors]
+
+
+def _anchor_and_diff(slot):
+    """A shared slot's worker-local anchor (the twin's value the last exchange brought;
+    set by `load_state`) and diff (what the last exchange brought from the others), beside it."""
+    with v1.device(None), v1.device(slot.device):
+        return tuple(v1.Variable(tf.zeros(slot.shape, slot.dtype.base_dtype), trainable=False,
+                                 name=f"{slot.op.name}/{role}",
+                                 collections=[v1.GraphKeys.LOCAL_VARIABLES])
+                     for role in ("anchor", "diff"))
 
 
 def _checkpoint_name(local_name: str, copies: dict) -> str:
@@ -88,6 +118,18 @@ def _checkpoint_name(local_name: str, copies: dict) -> str:
     "<model variable>/<slot>"; other variables (beta1_power) keep their name.
     """
     for copy_name, (model_name, _) in copies.items():
-        if local_name.startswith(copy_name + "/"):
-            return model_name + local_name[len(copy_name):]
+        prefix = _copy_prefix(local_name, copy_name)
+        if prefix is not None:
+            return prefix + model_name + local_name[len(prefix) + len(copy_name):]
     return local_name
+
+
+def _copy_prefix(local_name: str, copy_name: str):
+    """What stands before `copy_name` in `local_name` when `local_name` is a variable of that
+    copy: "" for a TF1 slot ("<copy>/Adagrad"), "training/Adagrad/" for a Keras-named one
+    (a canned estimator's "training/Adagrad/<copy>/accumulator", as 2.15 names it); None
+    when it is not."""
+    if local_name.startswith(copy_name + "/"):
+        return ""
+    at = local_name.find("/" + copy_name + "/")
+    return None if at < 0 else local_name[:at + 1]

@@ -144,7 +144,8 @@ def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster
         progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
                                       config.train_steps, config.log_every_secs, steps,
                                       config.output_dir if task.is_chief else None,
-                                      config.warmup_steps, config.batch_size * len(devices))
+                                      config.warmup_steps, config.batch_size * len(devices),
+                                      step_from_loop=mode.local)
         run_hooks = session_hooks(config, mode, cluster, task, step, global_step, scaffold,
                                   steps, progress, final_eval, preempted,
                                   span_input=span_input)
@@ -340,7 +341,8 @@ def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, sc
     if task.is_chief and config.output_dir:
         state_bytes = _variable_bytes(v1.global_variables())
         training.append(hooks.SummaryHook(config.output_dir,
-                                          max(config.log_every_secs, 1.0), steps))
+                                          max(config.log_every_secs, 1.0), steps,
+                                          step_from_loop=mode.local))
         checkpoint = hooks.CheckpointHook(scaffold.saver, config.output_dir, steps,
                                           config.save_checkpoint_steps,
                                           config.save_checkpoint_secs,

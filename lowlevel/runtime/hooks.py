@@ -201,10 +201,14 @@ class LeaveHook(v1.train.SessionRunHook):
 
 
 class SummaryHook(v1.train.SessionRunHook):
-    """Writes the graph's merged summaries (of a training step) every `every_secs` seconds."""
+    """Writes the graph's merged summaries (of a training step) every `every_secs` seconds,
+    at the global step fetched with them, or with `step_from_loop` at the loop's
+    (`LoopState.value`: the communication-reduced mode, `progress.ProgressHook`)."""
 
-    def __init__(self, output_dir: str, every_secs: float, state: LoopState):
+    def __init__(self, output_dir: str, every_secs: float, state: LoopState,
+                 step_from_loop: bool = False):
         self._output_dir = output_dir
+        self._step_from_loop = step_from_loop
         self._every_secs = every_secs
         self._state = state
         self._next = 0.0
@@ -226,12 +230,16 @@ class SummaryHook(v1.train.SessionRunHook):
         self._acting = self.due()
         if self._acting:
             self._next = time.monotonic() + self._every_secs
-        return v1.train.SessionRunArgs({"summary": self._summary, "step": self._global_step})
+        fetches = {"summary": self._summary}
+        if not self._step_from_loop:
+            fetches["step"] = self._global_step
+        return v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
         if run_values.results and self._acting:
+            step = run_values.results.get("step", self._state.value)
             self._writes.run(lambda: files.event_writer(self._output_dir).add_summary(
-                run_values.results["summary"], run_values.results["step"]), self._output_dir)
+                run_values.results["summary"], step), self._output_dir)
 
 
 class SyncReplicasHook(v1.train.SessionRunHook):

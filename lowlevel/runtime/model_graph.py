@@ -153,7 +153,8 @@ def _assemble(config, model, cluster, task, graph, step: step_lib.TrainStep, glo
     progress = progress_lib.ProgressHook(global_step, spec.loss, examples_per_step,
                                          config.train_steps, config.log_every_secs, steps,
                                          config.output_dir if task.is_chief else None,
-                                         config.warmup_steps, batch_size)
+                                         config.warmup_steps, batch_size,
+                                         step_from_loop=mode.local)
     step_ops = graph_lib.Step(spec.loss, step.value, step.local_ops, sync_optimizer=sync)
     run_hooks = graph_lib.session_hooks(config, mode, cluster, task, step_ops, global_step,
                                         scaffold, steps, progress, None, preempted,

@@ -41,12 +41,17 @@ class ProgressHook(v1.train.SessionRunHook):
         for no summaries.
       warmup_steps: this task's first local steps, left out of the step times.
       batch_size: examples per local step, for this task's own examples/sec.
+      step_from_loop: the step a line reports is the loop's (`state.value`), not a
+        fetch of global_step: the communication-reduced mode, whose local steps touch
+        no ps (a fetch of global_step there made each hooked local step a round trip
+        to its ps: ~1 ms of CPU a step, benchmarks/NOTES.md 2026-12-02).
     """
 
     def __init__(self, global_step, loss, examples_per_step: int, train_steps: int,
                  every_secs: float, state: LoopState, summary_dir: Optional[str] = None,
-                 warmup_steps: int = 0, batch_size: int = 0):
+                 warmup_steps: int = 0, batch_size: int = 0, step_from_loop: bool = False):
         self._global_step = global_step
+        self._step_from_loop = step_from_loop
         self._loss = loss
         self._examples_per_step = examples_per_step
         self._train_steps = train_steps
@@ -103,7 +108,9 @@ class ProgressHook(v1.train.SessionRunHook):
         if not self._state.in_step:
             return None
         self._acting = self.due()
-        fetches = {"step": self._global_step, "loss": self._loss}
+        fetches = {"loss": self._loss}
+        if not self._step_from_loop:
+            fetches["step"] = self._global_step
         if self._live_rows:
             fetches["rows"] = self._live_rows
         return v1.train.SessionRunArgs(fetches)
@@ -112,7 +119,8 @@ class ProgressHook(v1.train.SessionRunHook):
         if run_values.results is None or not self._acting:
             return
         now = time.monotonic()
-        step, loss = int(run_values.results["step"]) + 1, float(run_values.results["loss"])
+        step = int(run_values.results.get("step", self._state.value)) + 1
+        loss = float(run_values.results["loss"])
         if self.first_step_time is None:
             self.first_step_time, self.first_step = now, step
         elapsed = now - self._last_time

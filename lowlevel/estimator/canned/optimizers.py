@@ -34,6 +34,7 @@ import inspect
 import tensorflow as tf
 
 from lowlevel.models.optimizers import Filled
+from lowlevel.modes import local_sgd
 
 v1 = tf.compat.v1
 _raw = tf.raw_ops
@@ -66,8 +67,15 @@ class KerasNamedOptimizer(v1.train.Optimizer):
         # canned estimator; `MultiHead` sets "training_<n>", as 2.15's took after n heads.
         self.scope_prefix = "training"
 
+    # The slots that only add to themselves (`local_sgd.ADDITIVE_SLOTS`): shared among
+    # the workers in the communication-reduced mode.
+    ADDITIVE: tuple = ()
+
     def slots(self) -> tuple:
         return ()
+
+    def additive_slot_names(self, var) -> tuple:  # noqa: ARG002 - the same for every variable
+        return self.ADDITIVE
 
     def get_config(self) -> dict:
         return dict(self._values, name=self._name)
@@ -147,6 +155,7 @@ class Adagrad(KerasNamedOptimizer):
 
     NAME = "Adagrad"
     HYPERS = {"learning_rate": 0.001, "decay": 0.0}
+    ADDITIVE = ("accumulator",)
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=EPSILON,
                  name=None, **hypers):
@@ -175,6 +184,7 @@ class Ftrl(KerasNamedOptimizer):
     HYPERS = {"learning_rate": 0.001, "decay": 0.0, "learning_rate_power": -0.5,
               "l1_regularization_strength": 0.0, "l2_regularization_strength": 0.0,
               "beta": 0.0}
+    ADDITIVE = ("accumulator", "linear")
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1,
                  l2_shrinkage_regularization_strength=0.0, name=None, **hypers):
@@ -308,14 +318,17 @@ class Combined(v1.train.Optimizer):
         self._counted, self._iter = counted, None
 
     def _part(self, var):
+        """The part `var` belongs to; a worker's copy of a variable in the
+        communication-reduced mode (`local_sgd.model_variable`) to its variable's part."""
+        key = _var_key(local_sgd.model_variable(var))
         for opt, keys in self._parts:
-            if _var_key(var) in keys:
+            if key in keys:
                 return opt
         raise ValueError(f"{var.op.name} belongs to no part of the combined optimizer")
 
     def _create_slots(self, var_list):
-        for opt, keys in self._parts:
-            opt._create_slots([v for v in var_list if _var_key(v) in keys])
+        for opt, _ in self._parts:
+            opt._create_slots([v for v in var_list if self._part(v) is opt])
         if self._counted is not None and self._iter is None:
             with self._counted._scope():
                 self._iter = v1.Variable(0, name="iter", trainable=False, use_resource=True,
@@ -342,6 +355,9 @@ class Combined(v1.train.Optimizer):
 
     def get_slot_names(self):
         return sorted({n for opt, _ in self._parts for n in opt.get_slot_names()})
+
+    def additive_slot_names(self, var) -> tuple:
+        return local_sgd.additive_slot_names(self._part(var), var)
 
 
 OPTIMIZERS = {"Adagrad": Adagrad, "Adam": Adam, "Ftrl": Ftrl, "RMSProp": RMSProp, "SGD": SGD}
