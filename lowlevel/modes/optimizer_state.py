@@ -24,6 +24,13 @@ saved under the name the exact mode saves it under
 
 So a run resumed in any mode from a checkpoint of any mode starts warm. The
 twins move only at checkpoints and session starts: no extra bytes per step.
+
+Except the `shared` slots (async, `local_sgd.ADDITIVE_SLOTS`: Adagrad's and FTRL's
+accumulators): their twins are the one state of all workers, which each
+exchange adds the worker's delta to and pulls back (`shared_copies`, as a model
+variable's copy), so `save_state` leaves them alone and a checkpoint holds every
+worker's steps, as the exact mode's does. An exchange then moves twice the
+model's bytes with Adagrad, three times with FTRL.
 """
 
 from __future__ import annotations
