@@ -93,7 +93,9 @@ def selected(names: list, modes: list, hidden: tuple, allowed: Optional[list],
 def analytic_bytes(cfg: Config, period: int, batch_size: int) -> int:
     """Bytes a worker's step moves, both ways.
 
-    Each exchange moves every variable once each way, 2 x 4 bytes x parameters;
+    Each exchange moves every variable once each way, 2 x 4 bytes x parameters; async
+    comm_reduced, Adagrad's accumulators too (shared among the workers,
+    `lowlevel.modes.local_sgd.ADDITIVE_SLOTS`: twice that; sync keeps them per worker);
     lowlevel's exact step with one ps moves fewer, its dense layers' products placed by
     `lowlevel.modes.ps_products` (with more ps tasks the kernels are sharded and stay
     classic): the built-in MLP's, and the estimator suite's model_fn's with the runtime's
@@ -107,7 +109,10 @@ def analytic_bytes(cfg: Config, period: int, batch_size: int) -> int:
         # Kernels under lowlevel.modes.exact.SMALL_BYTES (64 KiB) travel with the biases.
         return 4 * ps_products.mlp_step_floats([784, *cfg.hidden, 10], batch_size,
                                                small_floats=(64 << 10) // 4)
-    return round(8 * cfg.params / (period if cfg.mode == "comm_reduced" else 1))
+    if cfg.mode != "comm_reduced":
+        return round(8 * cfg.params)
+    shared_slots = 0 if cfg.sync or cfg.trainer != "lowlevel" else 1  # Adagrad's accumulator
+    return round(8 * cfg.params * (1 + shared_slots) / period)
 
 
 def run_config(cfg: Config, warmup: int, measured: int, workdir: str, batch_size: int,
