@@ -247,3 +247,40 @@ def test_linear_sdca_on_a_cluster_keeps_its_per_example_state_in_the_checkpoints
     # SDCA's train op moves global_step itself, not through the runtime's counted step: an
     # async run may end one step past max_steps per other worker (the runtime warns of it)
     assert 40 <= tf.train.load_variable(str(model_dir), "global_step") <= 41
+
+
+@pytest.mark.timeout(300)
+def test_a_2_15_wide_and_deep_model_dir_resumes_communication_reduced(ports, tmp_path):
+    """The model_dir 2.15 left at step 200 (tests/fixtures/canned215/model_dirs/wide_deep)
+    trains on to 300 as ps, chief and worker with LOWLEVEL_COMMUNICATION_PERIOD=4: every
+    task exits 0, the checkpoint holds 2.15's names and no others, and the shared
+    accumulators went on from 2.15's (a twin not loaded would have restarted them at 0.1,
+    below 2.15's: an accumulator only grows)."""
+    import shutil
+    canned = os.path.join(clusters.ROOT, "tests", "fixtures", "canned215", "model_dirs")
+    got = subprocess.run([sys.executable, os.path.join(clusters.ROOT, "scripts",
+                                                       "get_movielens"), MOVIELENS],
+                         check=False, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    model_dir = tmp_path / "model"
+    shutil.copytree(os.path.join(canned, "wide_deep"), model_dir)
+    before = {n for n, _ in tf.train.list_variables(str(model_dir))}
+    names = ["training/Adagrad/dnn/hiddenlayer_0/kernel/accumulator",
+             "training/Ftrl/linear/linear_model/item_id/weights/accumulator"]
+    theirs = [tf.train.load_variable(str(model_dir), n) for n in names]
+    _, model_dir, procs = _cluster(ports, tmp_path, "--max_steps=300", "--batch_size=64",
+                                   f"--data_dir={MOVIELENS}", script=WIDE_DEEP,
+                                   roles=ROLES[:3],
+                                   env={"LOWLEVEL_COMMUNICATION_PERIOD": "4"})
+    done = clusters.wait_all(procs, 240)
+    logs = {n: (tmp_path / f"{n}.log").read_text() for n in done}
+    assert {n: s for n, (s, _) in done.items()} == {n: 0 for n in done}, \
+        {n: logs[n][-3000:] for n, (s, _) in done.items() if s != 0}
+    assert "model.ckpt-200" in logs["chief0"]
+    assert tf.train.load_variable(str(model_dir), "global_step") == 300
+    assert {n for n, _ in tf.train.list_variables(str(model_dir))} == before
+    for name, old in zip(names, theirs):
+        new = tf.train.load_variable(str(model_dir), name)
+        assert np.all(new >= old - 1e-6) and np.any(new > old), name
+        assert np.any(old > 0.1 + 1e-3), name  # 2.15 had trained them
+    assert clusters.leftovers(model_dir) == []
