@@ -120,6 +120,9 @@ flags.DEFINE_string("cpu", None, "Each task's CPU limit in the churn and referen
                     "limits.cpu), e.g. ps=400m,worker=300m: a joining worker brings its own "
                     "CPU instead of taking the others' (module doc). Default: none, every task "
                     "shares the machine's cores.")
+flags.DEFINE_enum("graph_rewrites", "default", ["default", "one", "off"],
+                  "The trainer's --graph_rewrites in every run (Grappler at each new session: "
+                  "what a restart pays before its first step).")
 flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")
 
 # (fraction of --churn_steps, what, task): SIGKILL a task; resize to 3 (worker2 joins)
@@ -149,7 +152,7 @@ def _train_paths(files: list) -> list:
 def _common(files: list) -> list:
     return ["--model=wide_deep", "--dataset=criteo_files", f"--batch_size={FLAGS.batch_size}",
             f"--save_checkpoint_steps={FLAGS.checkpoint_steps}", *files,
-            *(["--sync"] if FLAGS.sync else [])]
+            f"--graph_rewrites={FLAGS.graph_rewrites}", *(["--sync"] if FLAGS.sync else [])]
 
 
 def steady(out: str, files: list) -> dict:

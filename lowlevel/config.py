@@ -259,6 +259,14 @@ class TrainConfig:
         "tasks on this machine.", minimum=0)
     inter_op_threads: int = _field(
         0, "TensorFlow inter-op threads per task; 0: auto (at least 2).", minimum=0)
+    graph_rewrites: str = _field(
+        "default", "Grappler, TensorFlow's graph optimizer, in the training tasks' sessions: "
+        "default (TensorFlow's: two passes over each new run of a session), one (one pass, "
+        "as tf.estimator's RunConfig had it), off. Grappler rewrites a session's runs at "
+        "their first call, which a restarted or joining worker pays before its first step: "
+        "off starts it 2-4 s sooner at 0.3 CPU, with no slower steps measured for wide_deep "
+        "(benchmarks/NOTES.md, twenty-fifth stop); a dense model may lose its fused kernels.",
+        choices=("default", "one", "off"))
     shutdown_timeout_secs: float = _seconds(
         60.0, "How long the chief waits after its last step for the other workers to "
         "finish before stopping the ps tasks.")

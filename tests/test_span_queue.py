@@ -258,6 +258,145 @@ def test_a_restarted_sync_worker_ends_its_predecessors_heartbeat_at_once(sparse)
     assert beats[1] == 0.0 and beats[0] == beats[2] == 1.7e9, beats[:3]
 
 
+class _SyncWorker:
+    """One worker's sync step (`elastic_sync.ElasticSync`) on a real ps: its graph and its
+    session on its own server, a gradient and its batch fed; the span input's part is a
+    fed batch position (the queue and the step are the runtime's own)."""
+
+    LINES = 4  # a batch
+
+    def __init__(self, spec, index: int, last_step: int = 100):
+        from types import SimpleNamespace
+        from lowlevel.modes import elastic_sync
+        self.index, self.server = index, v1.train.Server(spec, "worker", index, start=True)
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            with v1.device("/job:ps/task:0"):
+                self.gs = v1.train.get_or_create_global_step()
+                self.queue = spans.SpanQueue(2, "/job:ps/task:0", 60.0, seed=7, sync=True)
+                self.w = v1.get_variable("w", initializer=tf.zeros([2]), use_resource=True)
+            with v1.device(f"/job:worker/task:{index}"):
+                self.g = v1.placeholder(tf.float32, [2])
+                self.local = v1.placeholder(tf.int64, [])
+                self.where = v1.placeholder(tf.int64, [4])
+            span_input = SimpleNamespace(queue=self.queue, marked=lambda: self.where)
+            self.sync = elastic_sync.ElasticSync(
+                span_input, v1.train.GradientDescentOptimizer(1.0), [(self.g, self.w)],
+                self.gs, self.local, last_step, cap=None, floor=1, live_secs=60.0,
+                worker=index)
+            self.push_op, self.tick_op = self.sync.push(), self.sync.tick()
+            self.reset_op = self.sync.reset()
+            self.claim_op = self.queue.claim(tf.constant(index), tf.constant(-1),
+                                             tf.constant(0, tf.int64))
+            self.stray = v1.placeholder(tf.int64, [])
+            self.leave_token = self.sync.tokens.enqueue(self.stray)
+            self.set_accepted = self.sync.accepted.assign(1)
+            init = [v1.global_variables_initializer()] if index == 0 else []
+            self.init = init + [self.queue.local_init(), self.sync.local_init()]
+            self.sess = v1.Session(self.server.target)
+        self.span, self.first = -1, 0
+
+    def start(self):
+        for op in self.init:
+            self.sess.run(op)
+        self.span, self.first = (int(x) for x in self.sess.run(self.claim_op)[:2])
+        self.sess.run(self.tick_op)  # live from here (--sync_live_secs 60)
+
+    def push(self, gradient, results: list):
+        """Pushes for the global step it reads now; appends the step's result."""
+        local = int(self.sess.run(self.gs))
+        where = [self.span, self.first, self.LINES, 0]
+        results.append(int(self.sess.run(self.push_op, {
+            self.g: gradient, self.local: local, self.where: where},
+            options=v1.RunOptions(timeout_in_ms=60_000))))
+        self.first += self.LINES
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("left_by", ["a_dead_waiter", "a_restore"])
+def test_a_sync_token_nobody_took_does_not_let_one_worker_complete_a_step_alone(left_by):
+    """The sync step's tokens (`elastic_sync`, step 4), on a real ps with two workers' graphs
+    and sessions: a token left in the queue (a_dead_waiter: a completion's token whose
+    worker died waiting; a_restore: a restore's wake-up for an accepted push whose worker
+    had died with a ps) must not wake the next worker's push. Before tokens carried their
+    step, it did: that push returned at once, the worker pushed again for the same step
+    and completed it without the other live worker, whose push was then refused as stale,
+    again every step (seen with Grappler off: benchmarks/NOTES.md, twenty-fifth stop).
+    Here worker 0's push waits until worker 1's comes, and the step is their mean."""
+    import threading
+    ps = f"127.0.0.1:{clusters.free_port()}"
+    workers = [f"127.0.0.1:{clusters.free_port()}" for _ in range(2)]
+    spec = v1.train.ClusterSpec({"ps": [ps], "worker": workers})
+    ps_server = v1.train.Server(spec, "ps", 0, start=True)  # noqa: F841 - serves the test
+    w0, w1 = _SyncWorker(spec, 0), _SyncWorker(spec, 1)
+    w0.start()
+    w1.start()
+    if left_by == "a_dead_waiter":  # its step (0) ended with global_step 0 + ... = 0
+        w0.sess.run(w0.leave_token, {w0.stray: 0})
+    else:  # one push accepted, its worker gone: the restore wakes it (and nobody is there)
+        w0.sess.run(w0.set_accepted)
+        w0.sess.run(w0.reset_op)  # which also clears the heartbeats: worker 1's next tick
+        w1.sess.run(w1.tick_op)
+    results0, results1 = [], []
+    pushing = threading.Thread(target=w0.push, args=([1.0, 0.0], results0), daemon=True)
+    pushing.start()
+    pushing.join(3.0)  # long enough for the push to take a token and return, if it could
+    assert results0 == [], ("worker 0's push returned before worker 1 pushed", results0)
+    assert int(w0.sess.run(w0.gs)) == 0
+    w1.push([0.0, 3.0], results1)
+    pushing.join(30.0)
+    assert results0 == results1 == [1], (results0, results1)
+    # the step is the mean of both gradients (learning rate 1), from these two pushes only
+    np.testing.assert_allclose(w0.sess.run(w0.w), [-0.5, -1.5])
+    assert int(w0.sess.run(w0.sync.aggregated)) == 2
+    for w in (w0, w1):
+        w.sess.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_restore_wakes_the_sync_pushes_it_dropped():
+    """`elastic_sync.ElasticSync.reset` (a restore's `StepStateReset`), on a real ps: a push
+    accepted and waiting for its step is woken (its gradient dropped with the step under
+    way), returns the global step unchanged and pushes again; the next step aggregates
+    only the pushes made after the restore. Before, the reset's reads raced the step
+    state's initializers and could wake nobody (0 tokens for 1 accepted push)."""
+    import threading
+    ps = f"127.0.0.1:{clusters.free_port()}"
+    workers = [f"127.0.0.1:{clusters.free_port()}" for _ in range(2)]
+    spec = v1.train.ClusterSpec({"ps": [ps], "worker": workers})
+    ps_server = v1.train.Server(spec, "ps", 0, start=True)  # noqa: F841 - serves the test
+    w0, w1 = _SyncWorker(spec, 0), _SyncWorker(spec, 1)
+    w0.start()
+    w1.start()
+    results1 = []
+    waiting = threading.Thread(target=w1.push, args=([0.0, 8.0], results1), daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    with w0.graph.as_default():
+        accepted = w0.sync.accepted.read_value()
+    while int(w0.sess.run(accepted)) != 1:  # worker 1's push is in, waiting for worker 0
+        assert time.monotonic() < deadline, "worker 1's push was not accepted"
+        time.sleep(0.05)
+    w0.sess.run(w0.reset_op)
+    waiting.join(30.0)
+    assert results1 == [0], results1  # woken, the step not taken
+    assert int(w0.sess.run(accepted)) == 0 and int(w0.sess.run(w0.gs)) == 0
+    for w in (w0, w1):  # the heartbeats went with the step state: each worker's next tick
+        w.sess.run(w.tick_op)
+    w1.first -= w1.LINES  # the dropped batch is read again
+    pushes = [threading.Thread(target=w.push, args=(g, r), daemon=True)
+              for w, g, r in ((w0, [2.0, 0.0], []), (w1, [0.0, 4.0], results1))]
+    for t in pushes:
+        t.start()
+    for t in pushes:
+        t.join(30.0)
+    assert results1 == [0, 1], results1
+    np.testing.assert_allclose(w0.sess.run(w0.w), [-1.0, -2.0])  # without the dropped 8
+    assert int(w0.sess.run(w0.sync.aggregated)) == 2
+    for w in (w0, w1):
+        w.sess.close()
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])

@@ -28,15 +28,28 @@ The protocol, per worker step:
    queue's `offset` (and to `seen`), global_step + 1, and one token per accepted push
    goes into the token queue (`sync_token_q`, which the end-of-training protocol
    closes).
-4. An accepted worker waits in its step for a token (`_wait`). The step's result is
-   the global step after it.
+4. An accepted worker waits in its step for a token (`_wait`) that is for its push:
+   every token carries the generation (`resets`: the restores since ps 0 started) and
+   the step it ends, and a push waits for one later than its own (generation, step).
+   A token nobody took (its worker died waiting, or a restore woke a worker that had
+   died) is later than no push made after it, and is dropped by the next worker that
+   takes it. The step's result is the global step after it.
 
 What this guarantees: a batch is in the model iff it was accepted and its step
 completed, and the commit is in the same critical section as the update: every line
 is in the model exactly once per pass across worker kills, joins and leaves. A ps or
 chief restore rewinds model and queue together; the step under way is dropped
 (`StepStateReset`: the accepted count and `pending` go back to 0, the accumulators
-are emptied). A completion cut short by a ps's death between the update and the
+are emptied, and the workers it had accepted are woken to push again).
+
+Why a token must be for its push: before tokens carried their step, any token woke any
+waiting worker. A token left over (a restore woke `accepted` workers whose processes
+had died with ps 1's kill) let a worker return at once and push again for the same step,
+its second gradient filling the count a slower live worker's push was needed for; the
+step completed without it, its push arrived stale and was refused, and the leftover
+token survived each step (a step gave one token per push, one more than it had
+waiters). Seen with Grappler off: the chief refused 778 times in a row, training
+nothing (benchmarks/NOTES.md, twenty-third and twenty-fifth stops). A completion cut short by a ps's death between the update and the
 commit is rewound by that restore; one cancelled by a run's deadline in that window
 (none seen) would leave its lines to be read again.
 """
@@ -57,9 +70,10 @@ v1 = tf.compat.v1
 
 SCOPE = "sync_queue"
 NEVER_STALE = 1 << 62  # the accumulators' local_step: the lock, not they, decides staleness
-MAX_ENTRIES = 4096  # pushes one step may accept (a worker may push twice in a step: see 4.)
+MAX_ENTRIES = 4096  # pushes one step may accept (a bound: one a live worker, see 4.)
 MAX_WORKERS = spans.MAX_WORKERS  # worker (replica) indices with a heartbeat
 TICK_SECS = 1.0  # a worker's heartbeat, and its check for a step whose workers left
+GENERATION = 1 << 40  # a token's and a push's key: generation * GENERATION + global step
 BEAT = "beat"  # the heartbeats' variable in `SCOPE`: float64 [MAX_WORKERS], Unix seconds
 
 
@@ -99,6 +113,8 @@ class ElasticSync:
             self.beat = step_var(BEAT, tf.zeros([MAX_WORKERS], tf.float64))
             # seconds since the Unix epoch until which no step completes (a save's cut)
             self.paused_until = step_var("paused_until", tf.constant(0.0, tf.float64))
+            # restores since ps 0 started (not saved, not reset: a token's generation)
+            self.resets = step_var("resets", tf.constant(0, tf.int64))
             self.aggregated = v1.get_variable(  # saved: gradients applied, all steps
                 "aggregated", initializer=tf.constant(0, tf.int64), trainable=False,
                 use_resource=True)
@@ -116,12 +132,12 @@ class ElasticSync:
         where = self._input.marked()
         status = self._locked_push(where)
         with v1.device(self.queue.device):
-            accepted, now = status[0] > 0, status[1]
+            accepted, now, key = status[0] > 0, status[1], status[2]
             ended = now >= self._last
             check = tf.debugging.Assert(tf.logical_or(accepted, ended),
                                         [spans.MOVED_ON, "stale or moved-on batch", where])
             with tf.control_dependencies([check]):
-                return tf.cond(accepted, self._wait, lambda: tf.identity(now))
+                return tf.cond(accepted, lambda: self._wait(key), lambda: tf.identity(now))
 
     def _locked_push(self, where):
         """`_push` holding the queue's lock, its arguments first copied to the ps tasks.
@@ -158,8 +174,9 @@ class ElasticSync:
                     return tf.identity(status)
 
     def _push(self, where, pairs):
-        """In the lock: [accepted (0/1), global_step]. `pairs`: (gradient, variable), each
-        gradient on its variable's ps."""
+        """In the lock: [accepted (0/1), global_step, the push's key (generation,
+        global_step: `GENERATION`)]. `pairs`: (gradient, variable), each gradient on its
+        variable's ps."""
         q, n = self.queue, where[2]
         span, first = where[0], where[1]
         step = self._gs.read_value()
@@ -186,16 +203,16 @@ class ElasticSync:
         with tf.control_dependencies(writes):
             done = self._complete_if_ready()
         with tf.control_dependencies([done]):
-            return tf.stack([ok64, step])
+            return tf.stack([ok64, step, self.resets.read_value() * GENERATION + step])
 
-    def _wait(self):
-        """int64: the global step once this worker has a token. Any token: one that a
-        worker which left did not take lets this one push again at once; its next
-        gradient is of the same parameters, accepted for the same step (tokens stay one
-        per accepted push, so no worker's wait is left without one)."""
-        token = self.tokens.dequeue()
+    def _wait(self, key):
+        """int64: the global step once this worker has a token later than its push's `key`:
+        its step's completion, or a restore after the push (which dropped it). An earlier
+        token is one nobody took: dropped, and the worker takes the next."""
+        token, = tf.while_loop(lambda t: t <= key, lambda t: [self.tokens.dequeue()],
+                               [self.tokens.dequeue()], parallel_iterations=1)
         with tf.control_dependencies([token]):
-            return tf.maximum(token, self._gs.read_value())
+            return tf.maximum(token % GENERATION, self._gs.read_value())
 
     def tick(self):
         """Op: this worker's heartbeat, and the completion of a step that has what the live
@@ -252,8 +269,9 @@ class ElasticSync:
             bumped = self._gs.assign_add(1, read_value=False)
         with tf.control_dependencies([bumped]):
             step = self._gs.read_value()
+            tokens = self.resets.read_value() * GENERATION + step
             reset = [q.pending.assign(tf.zeros_like(pending)), self.accepted.assign(0),
-                     self.tokens.enqueue_many([tf.fill([count], step)])]
+                     self.tokens.enqueue_many([tf.fill([count], tokens)])]
         with tf.control_dependencies(reset):
             return tf.constant(True)
 
@@ -278,22 +296,35 @@ class ElasticSync:
     def local_init(self):
         """Op for every session's local init: the step state's initial values where they
         have none (a fresh ps 0); an initialised state is left alone (a step under way)."""
-        return spans.initialize_missing(self._state)
+        return spans.initialize_missing([*self._state, self.resets])
 
     def reset(self):
-        """Op: the step under way dropped (the restore's; see `StepStateReset`); the workers
-        whose pushes it had accepted get their tokens, and push again."""
+        """Op: the step under way dropped (the restore's; see `StepStateReset`), in the
+        lock; the workers whose pushes it had accepted get tokens of the next generation,
+        and push again."""
+        with v1.device(self.queue.device):
+            return self.queue.lock.execute(self._reset, name="sync_reset")
+
+    def _reset(self):
         drains = [tf.cond(acc.num_accumulated() > 0, lambda acc=acc, g=g, v=v: tf.group(
             tf.nest.flatten(_take(acc, g, v), expand_composites=True)), tf.no_op)
             for acc, (g, v) in zip(self._accumulators, self._pairs)]
         with v1.device(self.queue.device):
-            waiting = tf.cond(self.accepted.is_initialized(), self.accepted.read_value,
-                              lambda: tf.constant(0, tf.int64))
-            # tokens of value 0 (`_wait` returns the global step): a restore may be
+            # a fresh ps 0 (state not yet initialized) has no step under way and no waiter
+            fresh = tf.logical_not(tf.logical_and(self.accepted.is_initialized(),
+                                                  self.resets.is_initialized()))
+            waiting, generation = tf.cond(fresh, lambda: (tf.constant(0, tf.int64),) * 2,
+                                          lambda: (self.accepted.read_value(),
+                                                   self.resets.assign_add(1)))
+            # the tokens' step is 0 (`_wait` returns the global step): a restore may be
             # writing global_step in the same run, so it is not read here
-            wake = self.tokens.enqueue_many([tf.zeros([waiting], tf.int64)])
+            wake = self.tokens.enqueue_many([tf.fill([waiting], generation * GENERATION)])
+        # Assigns made here, after the reads: a control dependency on the variables' own
+        # `initializer`s (made with them) would not order them, and an initializer that
+        # ran before the read woke nobody (seen: 0 tokens for an accepted push).
         with tf.control_dependencies([wake, *drains]):
-            return tf.group(*[v.initializer for v in self._state])
+            return tf.group(*[v.assign(v.initial_value, read_value=False)
+                              for v in self._state])
 
 
 def _accumulator(g, v):

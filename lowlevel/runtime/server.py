@@ -25,7 +25,8 @@ SPARSE_MASTER_JOB = "lowlevel_master"
 
 
 def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
-                   inter_op_threads: int = 0, cpu_devices: int = 1):
+                   inter_op_threads: int = 0, cpu_devices: int = 1,
+                   graph_rewrites: str = "default"):
     """The `ConfigProto` for a task's server and sessions.
 
     Thread pools (0 means "choose"): the CPUs this task may use (its cgroup's
@@ -50,6 +51,9 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
 
     `cpu_devices`: the CPU devices of a training task's server (its towers on a
     machine without GPUs, `lowlevel.modes.towers`); they share its thread pools.
+
+    `graph_rewrites` (`--graph_rewrites`): Grappler's passes over each new run of the
+    training task's sessions ("default", "one", "off"; a ps runs no session of its own).
     """
     cores = resources.cpus()
     here = functools.partial(cluster.tasks_on_host_of, task.job_name, task.task_index)
@@ -67,6 +71,11 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
         device_filters=filters)
     if cpu_devices > 1 and task.job_name != PS:
         config.device_count["CPU"] = cpu_devices
+    rewrites = config.graph_options.rewrite_options
+    if graph_rewrites == "off":
+        rewrites.disable_meta_optimizer = True
+    elif graph_rewrites == "one":
+        rewrites.meta_optimizer_iterations = rewrites.ONE
     # More tasks than cores: an idle pool thread that spins before it sleeps
     # burns a core another task on the host needs (+5 % exact 1 ps + 2 workers,
     # benchmarks/NOTES.md); a ps beside training tasks, likewise (communication-
