@@ -391,6 +391,7 @@ def _counts(run_dir: str, files: list) -> dict:
 def main(argv) -> None:
     del argv
     out = FLAGS.out or tempfile.mkdtemp(prefix="elastic_bench_")
+    os.makedirs(out, exist_ok=True)  # with --data_dir nothing else makes it
     files = _data(out)
     results = {} if FLAGS.skip_steady else {"steady": steady(out, files)}
     if not FLAGS.skip_churn:

@@ -196,6 +196,29 @@ def test_session_config_gives_the_cores_to_the_training_tasks(monkeypatch):
         "/job:ps", "/job:worker/task:0"]
 
 
+@pytest.mark.parametrize("rewrites, identities", [("default", 0), ("one", 0), ("off", 3)])
+def test_graph_rewrites_reach_the_sessions_graph(rewrites, identities):
+    """`--graph_rewrites` (`server.session_config`): what a session runs, read back from its
+    partition graph. TensorFlow's default and one pass remove a chain of Identity ops
+    (Grappler); off leaves the graph as built."""
+    import tensorflow as tf
+    from lowlevel.runtime import server
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [3])
+        out = tf.identity(tf.identity(tf.identity(x * 2.0))) + 1.0
+    config = server.session_config(Cluster(("127.0.0.1:1",), ("127.0.0.1:2",)),
+                                   Task("worker", 0), graph_rewrites=rewrites)
+    config.ClearField("device_filters")  # an in-process session: no /job:worker
+    metadata = v1.RunMetadata()
+    with v1.Session(graph=graph, config=config) as sess:
+        assert list(sess.run(out, {x: [1, 2, 3]}, run_metadata=metadata, options=v1.RunOptions(
+            output_partition_graphs=True))) == [3, 5, 7]
+    ops = [n.op for g in metadata.partition_graphs for n in g.node]
+    assert ops.count("Identity") == identities, ops
+
+
 def test_session_config_lets_only_the_computing_tasks_spin(monkeypatch):
     """Idle pool threads spin before they sleep only where that takes no core a worker
     needs: not with more tasks than cores, not in a ps beside training tasks."""

@@ -71,11 +71,7 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
         device_filters=filters)
     if cpu_devices > 1 and task.job_name != PS:
         config.device_count["CPU"] = cpu_devices
-    rewrites = config.graph_options.rewrite_options
-    if graph_rewrites == "off":
-        rewrites.disable_meta_optimizer = True
-    elif graph_rewrites == "one":
-        rewrites.meta_optimizer_iterations = rewrites.ONE
+    _set_graph_rewrites(config.graph_options.rewrite_options, graph_rewrites)
     # More tasks than cores: an idle pool thread that spins before it sleeps
     # burns a core another task on the host needs (+5 % exact 1 ps + 2 workers,
     # benchmarks/NOTES.md); a ps beside training tasks, likewise (communication-
@@ -91,6 +87,15 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
         # ...and shares the ps tasks' variables and queues with every other session.
         config.experimental.share_session_state_in_clusterspec_propagation = True
     return config
+
+
+def _set_graph_rewrites(rewrites, mode: str) -> None:
+    """`RewriterConfig` `rewrites` for `--graph_rewrites` `mode`: TensorFlow's default
+    (two meta-optimizer passes), "one" pass, or "off"."""
+    if mode == "off":
+        rewrites.disable_meta_optimizer = True
+    elif mode == "one":
+        rewrites.meta_optimizer_iterations = rewrites.ONE
 
 
 def start(cluster: Cluster, task: Task, config) -> "v1.train.Server":
