@@ -51,9 +51,7 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
 
     `cpu_devices`: the CPU devices of a training task's server (its towers on a
     machine without GPUs, `lowlevel.modes.towers`); they share its thread pools.
-
-    `graph_rewrites` (`--graph_rewrites`): Grappler's passes over each new run of the
-    training task's sessions ("default", "one", "off"; a ps runs no session of its own).
+    `graph_rewrites`: `--graph_rewrites` (`_set_graph_rewrites`).
     """
     cores = resources.cpus()
     here = functools.partial(cluster.tasks_on_host_of, task.job_name, task.task_index)
@@ -67,8 +65,7 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
     config = v1.ConfigProto(
         intra_op_parallelism_threads=intra_op_threads or share,
         inter_op_parallelism_threads=inter_op_threads or max(2, share),
-        allow_soft_placement=True,
-        device_filters=filters)
+        allow_soft_placement=True, device_filters=filters)
     if cpu_devices > 1 and task.job_name != PS:
         config.device_count["CPU"] = cpu_devices
     _set_graph_rewrites(config.graph_options.rewrite_options, graph_rewrites)
@@ -90,8 +87,9 @@ def session_config(cluster: Cluster, task: Task, intra_op_threads: int = 0,
 
 
 def _set_graph_rewrites(rewrites, mode: str) -> None:
-    """`RewriterConfig` `rewrites` for `--graph_rewrites` `mode`: TensorFlow's default
-    (two meta-optimizer passes), "one" pass, or "off"."""
+    """`RewriterConfig` `rewrites` for `--graph_rewrites` `mode`: Grappler's passes over each
+    new run of a training task's sessions, TensorFlow's default (two), "one", or "off" (a
+    ps runs no session of its own)."""
     if mode == "off":
         rewrites.disable_meta_optimizer = True
     elif mode == "one":
