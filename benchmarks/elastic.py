@@ -120,7 +120,7 @@ flags.DEFINE_string("cpu", None, "Each task's CPU limit in the churn and referen
                     "limits.cpu), e.g. ps=400m,worker=300m: a joining worker brings its own "
                     "CPU instead of taking the others' (module doc). Default: none, every task "
                     "shares the machine's cores.")
-flags.DEFINE_enum("graph_rewrites", "default", ["default", "one", "off"],
+flags.DEFINE_enum("graph_rewrites", "auto", ["auto", "default", "one", "off"],
                   "The trainer's --graph_rewrites in every run (Grappler at each new session: "
                   "what a restart pays before its first step).")
 flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed (failed).")

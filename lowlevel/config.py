@@ -260,13 +260,14 @@ class TrainConfig:
     inter_op_threads: int = _field(
         0, "TensorFlow inter-op threads per task; 0: auto (at least 2).", minimum=0)
     graph_rewrites: str = _field(
-        "default", "Grappler, TensorFlow's graph optimizer, in the training tasks' sessions: "
+        "auto", "Grappler, TensorFlow's graph optimizer, in the training tasks' sessions: "
         "default (TensorFlow's: two passes over each new run of a session), one (one pass, "
-        "as tf.estimator's RunConfig had it), off. Grappler rewrites a session's runs at "
-        "their first call, which a restarted or joining worker pays before its first step: "
-        "off starts it 2-4 s sooner at 0.3 CPU, with no slower steps measured for wide_deep "
-        "(benchmarks/NOTES.md, twenty-fifth stop); a dense model may lose its fused kernels.",
-        choices=("default", "one", "off"))
+        "as tf.estimator's RunConfig had it), off, or auto: off where training reads from "
+        "the data queue (--data_sharding), else default. A restarted or joining worker pays "
+        "Grappler before its first step: off restarted a sync chief at 0.3 CPU in 7.9-9.4 s "
+        "against 13.4-15.7 s, wide_deep's steps as fast (benchmarks/NOTES.md, twenty-fifth "
+        "stop); a dense model may lose fused kernels.",
+        choices=("auto", "default", "one", "off"))
     shutdown_timeout_secs: float = _seconds(
         60.0, "How long the chief waits after its last step for the other workers to "
         "finish before stopping the ps tasks.")
@@ -434,6 +435,13 @@ class TrainConfig:
                self.embedding == "dynamic" else None)
         if why:
             raise UsageError(f"--data_sharding=queue: {why}; use --data_sharding=static")
+
+    def rewrites(self, on_cluster: bool) -> str:
+        """`--graph_rewrites` resolved: `auto` is "off" where training reads from the data
+        queue (an elastic job, whose restarts and joins pay Grappler), else "default"."""
+        if self.graph_rewrites != "auto":
+            return self.graph_rewrites
+        return "off" if self.span_queue(on_cluster, self.sync) else "default"
 
     def span_queue(self, on_cluster: bool, sync: bool) -> bool:
         """Whether training reads from the data queue (`lowlevel.data.spans`): asked for, or

@@ -197,6 +197,25 @@ def test_the_queue_is_refused_where_it_does_not_apply():
     assert dynamic.span_queue(True, False) and not dynamic.span_queue(True, True)
 
 
+def test_graph_rewrites_default_to_off_where_training_reads_from_the_queue():
+    """`--graph_rewrites=auto` (the default): Grappler off for a data-queue job (its restarts
+    and joins pay Grappler before their first step), TensorFlow's default elsewhere; a
+    value given is kept. What each value does to a session: tests/test_cluster.py."""
+    queue = TrainConfig(model="wide_deep", dataset="criteo_files", train_files="a",
+                        eval_files="b")
+    assert queue.graph_rewrites == "auto"
+    assert queue.rewrites(True) == "off" and queue.rewrites(False) == "default"
+    assert TrainConfig(model="wide_deep", dataset="criteo_files", train_files="a",
+                       eval_files="b", sync=True).rewrites(True) == "off"
+    static = TrainConfig(model="wide_deep", dataset="criteo_files", train_files="a",
+                         eval_files="b", data_sharding="static")
+    assert static.rewrites(True) == "default"
+    assert TrainConfig(model="mlp").rewrites(True) == "default"
+    assert TrainConfig(model="mlp", graph_rewrites="one").rewrites(True) == "one"
+    assert TrainConfig(**{**queue.__dict__, "graph_rewrites": "default"}).rewrites(
+        True) == "default"
+
+
 def _make(tmp_path, files=8, rows=16000):
     make = [sys.executable, "-m", "lowlevel.data.make_criteo"]
     for name, flags in (("train", [f"--rows={rows}", f"--files={files}"]),

@@ -91,7 +91,7 @@ def train(config: TrainConfig, cluster: Optional[Cluster], task: Task, preemptio
     if cluster:
         session_config = server_lib.session_config(
             cluster, task, config.intra_op_threads, config.inter_op_threads,
-            cpu_devices=_cpu_devices(config), graph_rewrites=config.graph_rewrites)
+            cpu_devices=_cpu_devices(config), graph_rewrites=config.rewrites(True))
     _log_cpus(task, session_config)
     if cluster:
         server = server_lib.start(cluster, task, session_config)
