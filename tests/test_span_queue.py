@@ -331,6 +331,18 @@ class _SyncWorker:
         self.first += self.LINES
 
 
+def _two_sync_workers():
+    """A real ps server and two started `_SyncWorker`s: (the ps server, [worker 0, 1])."""
+    ps = f"127.0.0.1:{clusters.free_port()}"
+    workers = [f"127.0.0.1:{clusters.free_port()}" for _ in range(2)]
+    spec = v1.train.ClusterSpec({"ps": [ps], "worker": workers})
+    ps_server = v1.train.Server(spec, "ps", 0, start=True)
+    pair = [_SyncWorker(spec, 0), _SyncWorker(spec, 1)]
+    for w in pair:
+        w.start()
+    return ps_server, pair
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("left_by", ["a_dead_waiter", "a_restore"])
 def test_a_sync_token_nobody_took_does_not_let_one_worker_complete_a_step_alone(left_by):
@@ -343,13 +355,7 @@ def test_a_sync_token_nobody_took_does_not_let_one_worker_complete_a_step_alone(
     again every step (seen with Grappler off: benchmarks/NOTES.md, twenty-fifth stop).
     Here worker 0's push waits until worker 1's comes, and the step is their mean."""
     import threading
-    ps = f"127.0.0.1:{clusters.free_port()}"
-    workers = [f"127.0.0.1:{clusters.free_port()}" for _ in range(2)]
-    spec = v1.train.ClusterSpec({"ps": [ps], "worker": workers})
-    ps_server = v1.train.Server(spec, "ps", 0, start=True)  # noqa: F841 - serves the test
-    w0, w1 = _SyncWorker(spec, 0), _SyncWorker(spec, 1)
-    w0.start()
-    w1.start()
+    ps_server, (w0, w1) = _two_sync_workers()  # noqa: F841 - the server serves the test
     if left_by == "a_dead_waiter":  # its step (0) ended with global_step 0 + ... = 0
         w0.sess.run(w0.leave_token, {w0.stray: 0})
     else:  # one push accepted, its worker gone: the restore wakes it (and nobody is there)
@@ -380,13 +386,7 @@ def test_a_restore_wakes_the_sync_pushes_it_dropped():
     only the pushes made after the restore. Before, the reset's reads raced the step
     state's initializers and could wake nobody (0 tokens for 1 accepted push)."""
     import threading
-    ps = f"127.0.0.1:{clusters.free_port()}"
-    workers = [f"127.0.0.1:{clusters.free_port()}" for _ in range(2)]
-    spec = v1.train.ClusterSpec({"ps": [ps], "worker": workers})
-    ps_server = v1.train.Server(spec, "ps", 0, start=True)  # noqa: F841 - serves the test
-    w0, w1 = _SyncWorker(spec, 0), _SyncWorker(spec, 1)
-    w0.start()
-    w1.start()
+    ps_server, (w0, w1) = _two_sync_workers()  # noqa: F841 - the server serves the test
     results1 = []
     waiting = threading.Thread(target=w1.push, args=([0.0, 8.0], results1), daemon=True)
     waiting.start()
