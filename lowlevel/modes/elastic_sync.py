@@ -40,7 +40,10 @@ completed, and the commit is in the same critical section as the update: every l
 is in the model exactly once per pass across worker kills, joins and leaves. A ps or
 chief restore rewinds model and queue together; the step under way is dropped
 (`StepStateReset`: the accepted count and `pending` go back to 0, the accumulators
-are emptied, and the workers it had accepted are woken to push again).
+are emptied, and the workers it had accepted are woken to push again). A
+completion cut short by a ps's death between the update and the commit is rewound
+by that restore; one cancelled by a run's deadline in that window
+(none seen) would leave its lines to be read again.
 
 Why a token must be for its push: before tokens carried their step, any token woke any
 waiting worker. A token left over (a restore woke `accepted` workers whose processes
@@ -49,9 +52,7 @@ its second gradient filling the count a slower live worker's push was needed for
 step completed without it, its push arrived stale and was refused, and the leftover
 token survived each step (a step gave one token per push, one more than it had
 waiters). Seen with Grappler off: the chief refused 778 times in a row, training
-nothing (benchmarks/NOTES.md, twenty-third and twenty-fifth stops). A completion cut short by a ps's death between the update and the
-commit is rewound by that restore; one cancelled by a run's deadline in that window
-(none seen) would leave its lines to be read again.
+nothing (benchmarks/NOTES.md, twenty-third and twenty-fifth stops).
 """
 
 from __future__ import annotations
