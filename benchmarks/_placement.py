@@ -43,7 +43,7 @@ def main(argv) -> int:
     tf = import_tensorflow()
     from lowlevel.data import images as data_lib
     from lowlevel.runtime import graph as graph_lib
-    from lowlevel.runtime import placement
+    from lowlevel.runtime import placement, trainables
 
     data = data_lib.load("synthetic")
     ps = ",".join(f"127.0.0.1:{1 + k}" for k in range(num_ps))
@@ -56,7 +56,7 @@ def main(argv) -> int:
                      f"--model={model}", f"--hidden_units={opts['--hidden_units']}"])
         cluster, task, _ = cli.task_from_flags()
         config = cli.config_from_flags(cluster.num_workers)
-        g = graph_lib.build(config, data, cluster, task, 0)
+        g = graph_lib.build(config, trainables.Builtin(config, data), cluster, task, 0)
         variables, loads = {}, [0] * num_ps
         for v in g.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
             m = re.search(r"/job:ps/task:(\d+)", v.device or "")

@@ -13,7 +13,8 @@ from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.modes import exact, fused_transfer
-from lowlevel.runtime import model_graph
+from lowlevel.runtime import graph as graph_lib
+from lowlevel.runtime import trainables
 
 v1 = tf.compat.v1
 PS = ("/job:ps/task:0/device:CPU:0", "/job:ps/task:1/device:CPU:0")
@@ -134,7 +135,8 @@ def _benchmark_model(tmp_path) -> ModelFnModel:
 def test_a_model_fn_on_two_ps_moves_one_small_read_and_one_gradient_per_ps(tmp_path):
     cluster = Cluster(("ps0:1", "ps1:1"), ("w0:1", "w1:1"))
     config = TrainConfig(train_steps=10, output_dir=str(tmp_path))
-    train = model_graph.build(config, _benchmark_model(tmp_path), cluster, Task("worker", 0))
+    train = graph_lib.build(config, trainables.ModelFn(_benchmark_model(tmp_path)), cluster,
+                            Task("worker", 0))
     graph = train.graph
     small = {v.op.name: v for v in graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)
              if v.shape.num_elements() * 4 < exact.SMALL_BYTES}

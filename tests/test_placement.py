@@ -10,7 +10,7 @@ from lowlevel.config import TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.models import catalogue as models
 from lowlevel.runtime import graph as graph_lib
-from lowlevel.runtime import placement
+from lowlevel.runtime import placement, trainables
 
 PS_CPU = re.compile(r"^/job:ps/task:(\d+)/device:CPU:0$")
 
@@ -21,7 +21,8 @@ def _graph(num_ps, task_index=1, worker_gpu=0, model="mlp", hidden=(128, 128), d
     cluster, task = from_flags(ClusterFlags(ps, "127.0.0.1:2000,127.0.0.1:2001", "worker",
                                             task_index))
     config = TrainConfig(model=model, hidden_units=hidden, sync=sync)
-    return graph_lib.build(config, data or data_lib.load_digits(), cluster, task, worker_gpu)
+    return graph_lib.build(config, trainables.Builtin(config, data or data_lib.load_digits()),
+                           cluster, task, worker_gpu)
 
 
 def _is_compute(op):
@@ -52,8 +53,8 @@ def test_variables_on_ps_cpus_and_compute_on_the_worker(sync):
 
 def test_a_chief_job_computes_on_its_own_task():
     cluster = Cluster(("127.0.0.1:1000",), ("127.0.0.1:2000",), ("127.0.0.1:3000",))
-    g = graph_lib.build(TrainConfig(), data_lib.load_digits(), cluster,
-                       cluster.task("chief", 0), 0)
+    g = graph_lib.build(TrainConfig(), trainables.Builtin(TrainConfig(), data_lib.load_digits()),
+                        cluster, cluster.task("chief", 0), 0)
     compute = [op for op in g.graph.get_operations() if _is_compute(op)]
     assert compute and all(op.device == "/job:chief/task:0/device:CPU:0" for op in compute)
     assert {op.device for op in g.graph.get_operations() if op.type == "VarHandleOp"} == {

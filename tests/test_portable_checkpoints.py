@@ -14,7 +14,7 @@ from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import OPTIMIZERS, TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.outputs import checkpoints
-from lowlevel.runtime import graph
+from lowlevel.runtime import graph, trainables
 
 v1 = tf.compat.v1
 
@@ -50,7 +50,8 @@ def test_every_mode_saves_the_same_names_and_shapes(optimizer, digits, collect_g
     for name, cluster, period, sync in GRAPH_MODES:
         config = TrainConfig(optimizer=optimizer, communication_period=period, sync=sync,
                              hidden_units=HIDDEN)
-        saved[name] = _saved_shapes(graph.build(config, digits, cluster, Task("worker", 0), 0))
+        saved[name] = _saved_shapes(graph.build(config, trainables.Builtin(config, digits), cluster,
+                                                    Task("worker", 0), 0))
     reference, _ = saved["in_process"]
     assert "model/hidden0/kernel" in reference and "global_step" in reference
     for name, (shapes, sharded) in saved.items():

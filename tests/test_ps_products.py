@@ -18,7 +18,7 @@ from lowlevel.modes import ps_products
 from lowlevel.cluster.spec import Cluster, ClusterFlags, Task, from_flags
 from lowlevel.config import TrainConfig
 from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.runtime import model_graph
+from lowlevel.runtime import trainables
 
 v1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +51,8 @@ def _exact_graph(ps_products_on: bool, worker_gpu: int = 0, hidden=(512, 512), b
     config = TrainConfig(model="mlp", dataset="synthetic", hidden_units=hidden,
                          batch_size=batch, ps_products=ps_products_on)
     data = catalogue.load_for(config)
-    return graph_lib.build(config, data, cluster, task, worker_gpu).graph
+    return graph_lib.build(config, trainables.Builtin(config, data), cluster, task,
+                           worker_gpu).graph
 
 
 def test_a_small_forward_layer_reads_its_kernel_and_bias_where_they_live():
@@ -167,7 +168,7 @@ def _model_fn_graph(tmp_path, ps_products_on: bool):
                          None, str(tmp_path), input_fn=estimator_model.input_fn)
     cluster = Cluster(("127.0.0.1:1000",), ("127.0.0.1:2000",))
     config = TrainConfig(train_steps=10, ps_products=ps_products_on)
-    return model_graph.build(config, model, cluster, Task("worker", 0)).graph
+    return graph_lib.build(config, trainables.ModelFn(model), cluster, Task("worker", 0)).graph
 
 
 def _model_fn_weight_gradient(graph, matmul: str):

@@ -14,7 +14,7 @@ from tensorflow.core.framework import dataset_options_pb2
 
 from lowlevel.data import ctr, images, replaceable
 from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.runtime import model_graph
+from lowlevel.runtime import trainables
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,7 +59,7 @@ def test_a_model_fns_training_dataset_has_autotuning_off_unless_it_says_so(expli
     model = ModelFnModel(model_fn=lambda features, labels: None, params={}, run_config=None,
                          model_dir="unused", input_fn=_input_fn(explicit))
     with tf.Graph().as_default() as g:
-        features, labels, hooks = model_graph._train_input(model)
+        features, labels, hooks = trainables.ModelFn(model).call_input_fn()
     assert features["x"].shape.as_list() == [None, 2] and len(hooks) == 1
     assert _autotune(g) == expected
 

@@ -23,9 +23,9 @@ from lowlevel.cluster.spec import ClusterFlags, from_flags
 from lowlevel.config import TrainConfig
 from lowlevel.data import images as data_lib
 from lowlevel.runtime import graph as graph_lib
-from lowlevel.runtime import model_graph
 from lowlevel.runtime import placement
 from lowlevel.runtime import server as server_lib
+from lowlevel.runtime import trainables
 
 v1 = tf.compat.v1
 
@@ -48,7 +48,7 @@ def _train(towers: int, batch_size: int, steps: int = 8):
     cluster, task, server, session_config = _servers(towers)
     config = TrainConfig(hidden_units=(512, 64), batch_size=batch_size, towers=towers,
                          ps_products=False, train_steps=1000)
-    g = graph_lib.build(config, data_lib.load_digits(), cluster, task, 0)
+    g = graph_lib.build(config, trainables.Builtin(config, data_lib.load_digits()), cluster, task, 0)
     return _run_graph(g, server, session_config, steps)
 
 
@@ -82,7 +82,7 @@ def _model_fn_run(towers: int, model_fn, tmp_path, steps: int = 6):
     # one device without the products on the ps, as towers are (a tower's product on the ps
     # would send its inputs there once per tower): the same crossings to compare
     config = TrainConfig(towers=towers, train_steps=1000, ps_products=False)
-    g = model_graph.build(config, model, cluster, task)
+    g = graph_lib.build(config, trainables.ModelFn(model), cluster, task)
     return _run_graph(g, server, session_config, steps)
 
 
@@ -156,7 +156,8 @@ def test_tower_devices_for_gpus_and_cpus():
 
 def test_gpu_towers_place_each_replica_on_its_gpu_and_variables_on_the_ps():
     cluster, task = from_flags(ClusterFlags("127.0.0.1:1000", "127.0.0.1:2000", "worker", 0))
-    g = graph_lib.build(TrainConfig(hidden_units=(32,), towers=0), data_lib.load_digits(),
+    config = TrainConfig(hidden_units=(32,), towers=0)
+    g = graph_lib.build(config, trainables.Builtin(config, data_lib.load_digits()),
                         cluster, task, 2)  # one worker on its machine, 2 GPUs: 2 towers
     matmuls = {op.device for op in g.graph.get_operations() if op.type == "MatMul"}
     assert {"/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1"} <= matmuls
@@ -173,7 +174,8 @@ def test_a_model_fn_gets_towers_on_gpus_only_when_asked(tmp_path):
     for towers in (0, 2):
         model = ModelFnModel(estimator_model.model_fn, params, None, str(tmp_path),
                              input_fn=estimator_model.input_fn)
-        g = model_graph.build(TrainConfig(towers=towers), model, cluster, task, worker_gpu=2)
+        g = graph_lib.build(TrainConfig(towers=towers), trainables.ModelFn(model), cluster, task,
+                            worker_gpu=2)
         devices[towers] = {op.device for op in g.graph.get_operations() if op.type == "MatMul"}
     assert devices[0] == {"/job:worker/task:0/device:GPU:0"}
     assert devices[2] == {"/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1"}

@@ -18,7 +18,7 @@ from lowlevel.errors import UsageError
 from lowlevel.models import embeddings
 from lowlevel.modes import fused_transfer
 from lowlevel.runtime import graph as graph_lib
-from lowlevel.runtime import placement
+from lowlevel.runtime import placement, trainables
 
 v1 = tf.compat.v1
 MOVIELENS = os.path.join(ROOT, "data", "ml-100k")
@@ -67,7 +67,7 @@ def _graph(data, num_ps, sync=False, period=1, hidden_units=(32,)):
     config = TrainConfig(model="wide_deep", dataset="synthetic_ctr",
                          vocab_size=sum(data.field_sizes), sync=sync,
                          communication_period=period, hidden_units=hidden_units)
-    return graph_lib.build(config, data, cluster, task, 0)
+    return graph_lib.build(config, trainables.Builtin(config, data), cluster, task, 0)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ pushed in one.
 Each tensor that crosses between a worker and a ps is one `RecvTensor` RPC, and
 with every core busy each RPC's fixed CPU cost counts whatever its size
 (`lowlevel.modes.exact`). It is done to the step once it is built, without
-changing how the model was written: an Estimator `model_fn`'s
-(`lowlevel.runtime.model_graph`) and a built-in model's (`lowlevel.runtime.graph`) alike.
+changing how the model was written: an Estimator `model_fn`'s and a
+built-in model's alike (`lowlevel.runtime.step`, in `lowlevel.runtime.graph`).
 
 - `fuse_reads`: per ps, one flat read of the small variables the worker reads,
   split on the worker; every op on the worker that consumed a read of one of

@@ -17,7 +17,7 @@ towers share the variables:
   device would take on the whole `towers x batch_size` batch, and the bytes
   per example on the wire are 1/towers of a one-device worker's.
 
-A user's model_fn gets the same through `lowlevel.runtime.model_graph`: called once
+A user's model_fn gets the same through `lowlevel.runtime.step`: called once
 per tower (variables reused), each tower's `minimize` captured, their gradients
 averaged (`average`) and applied once; its reads shared the same way. There the input_fn's batch is the
 worker's, split among the towers, as `replicate_model_fn` did.

@@ -1,23 +1,34 @@
-"""The training graph of one worker for a built-in model, per mode, and its session hooks.
+"""The training graph of one worker, for every model, and its session hooks.
 
-Between-graph replication: every worker builds the whole graph, with its
-variables on the ps tasks (`placement`: byte-balanced, large tables partitioned),
-its input from its shard of the data set or from the data queue (`spans`).
-`build` picks the mode:
+Between-graph replication: every worker builds the whole graph, with its variables on
+the ps tasks (`placement`: byte-balanced, measured by building the model once in a
+scratch graph; a built-in model's large tables partitioned), its input in its graph,
+and the step every model trains with (`runtime.step`: its model_fn in TRAIN mode taken
+over by the runtime). One `build` for both kinds of model (`trainables`), which give
+what differs:
 
-- in-process (no cluster);
-- exact (`--communication_period=1`): small variables fused into one transfer per
-  ps, products on the ps, towers; async with a counted update, `--sync` through
-  `SyncReplicasOptimizer`, or with the data queue its live workers' sync;
-- communication-reduced (`--communication_period=K`): local copies and
-  exchanges (`local_sgd`), async or model averaging.
+- the model_fn and the device function (`placed`): a user's model_fn as it is; a built-in
+  model's (`models.catalogue.model_fn`) with the params of the flags and its tables'
+  partitioner;
+- the input (`train_input`, a `trainables.TrainInput`): a user's training input_fn; a
+  built-in model's shard of its data set or the data queue (`spans`);
+- a built-in model's evaluation of the test split at the end, inside the chief's session
+  (`evaluation.FinalEvalHook`); a user's model is evaluated after the run.
 
-In every mode the step is the built-in model's model_fn (`models.catalogue.model_fn`)
-through the step every model_fn trains with (`runtime.step`).
+The mode follows from the config and the cluster, for every model: in-process (no
+cluster); exact (`--communication_period=1`: small variables fused into one transfer per
+ps, products on the ps, towers; async with a counted update, `--sync` through
+`SyncReplicasOptimizer`, or with the data queue its live workers' sync);
+communication-reduced (`--communication_period=K`: local copies and exchanges,
+`local_sgd`, async or model averaging).
 
-The chief evaluates the test split at the end, inside its session
-(`evaluation.FinalEvalHook`). The hooks come in the order of the end-of-training
-protocol (`shutdown.end_of_training_hooks`). Running the graph is `training.train`.
+Around the step: a model's own hooks beside the runtime's (progress, summaries,
+checkpoints), every step through the monitored session when one of them acts per step;
+a model_fn that wraps its optimizer in a `SyncReplicasOptimizer` itself gets the
+runtime's sync hook from `make_session_run_hook`, which does not hang at the last step;
+a warm start when the model_dir has no checkpoint yet. The hooks come in the order of
+the end-of-training protocol (`shutdown.end_of_training_hooks`). Running the graph is
+`training.train`.
 """
 
 from __future__ import annotations
@@ -27,18 +38,12 @@ import threading
 from typing import Optional
 
 import tensorflow as tf
-from absl import logging
 
-from lowlevel import output_layout
 from lowlevel.cluster import probes
 from lowlevel.cluster.spec import Cluster, Task
 from lowlevel.config import TrainConfig
-from lowlevel.errors import UsageError
-from lowlevel.data import images as data_lib
 from lowlevel.data import spans
-from lowlevel.models import catalogue as models
-from lowlevel.models.model_fn_model import ModelFnModel
-from lowlevel.models.optimizers import make_optimizer
+from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.modes import elastic_sync, local_sgd
 from lowlevel.outputs import checkpoints
 from lowlevel.runtime import evaluation, hooks, placement, shutdown, start
@@ -70,91 +75,125 @@ class TrainGraph:
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-    """How a task trains: derived from the config and the cluster."""
+    """How a task trains: derived from the config and the cluster, then from its step."""
 
-    num_workers: int
-    replicas: int  # replicas_to_aggregate in effect
+    num_workers: int  # the cluster's workers; 1 on a sparseCluster (it does not say)
+    replicas: int  # replicas_to_aggregate in effect (1 without a sync optimizer)
     sync: bool  # SyncReplicasOptimizer (exact), the data queue's sync, or model averaging
     local: bool  # communication-reduced
-    declared: Optional[int] = 1  # the cluster's workers; None on a sparseCluster
 
     @classmethod
     def of(cls, config: TrainConfig, cluster: Optional[Cluster]) -> "Mode":
-        # A sparseCluster (dynamic workers) does not say how many: one replica here (sync
-        # only from the data queue, which counts the live workers).
+        """The mode the flags ask for (sync only from the data queue on a sparseCluster,
+        which counts the live workers)."""
         num_workers = (cluster.num_workers or 1) if cluster else 1
         return cls(num_workers, config.replicas_to_aggregate or num_workers,
                    bool(config.sync and cluster),
-                   bool(cluster and config.communication_period > 1),
-                   cluster.num_workers if cluster else 1)
+                   bool(cluster and config.communication_period > 1))
+
+    def of_step(self, config: TrainConfig, step: step_lib.TrainStep) -> "Mode":
+        """The mode the step took: sync if the runtime's sync optimizer or the data queue's
+        sync wraps it; replicas from the flags wherever a sync optimizer aggregates (a
+        model's own keeps its figure private; every worker is its usual setting)."""
+        aggregates = step.sync_optimizer is not None or step.elastic is not None
+        return dataclasses.replace(
+            self, replicas=(config.replicas_to_aggregate or self.num_workers) if aggregates
+            else 1, sync=step.runtime_sync is not None or step.elastic is not None,
+            local=step.local_ops is not None)
 
 
-@dataclasses.dataclass
-class Step:
-    """The training ops one mode builds."""
-
-    loss: tf.Tensor
-    train_op: Optional[tf.Tensor] = None
-    local_ops: Optional[local_sgd.LocalSGDOps] = None
-    sync_optimizer: Optional[v1.train.SyncReplicasOptimizer] = None
-    elastic: Optional[elastic_sync.ElasticSync] = None  # sync from the data queue
-
-
-def build(config: TrainConfig, data: data_lib.DataSet, cluster: Optional[Cluster],
-          task: Task, worker_gpu: int, preempted: Optional[threading.Event] = None
-          ) -> TrainGraph:
-    """Builds worker `task`'s training graph (the in-process one with `cluster=None`).
+def build(config: TrainConfig, trainable, cluster: Optional[Cluster], task: Task,
+          worker_gpu: int = 0, preempted: Optional[threading.Event] = None) -> TrainGraph:
+    """Builds worker `task`'s training graph of `trainable` (the in-process one with
+    `cluster=None`).
 
     Args:
+      config: the run's settings (train_steps, sync, checkpoints, timeouts).
+      trainable: what it trains (`trainables.Builtin` or `trainables.ModelFn`): its
+        model_fn, placement, input and final evaluation.
       worker_gpu: GPUs per worker (0: compute on the CPU).
       preempted: set when the task is being preempted; the end-of-training
         hooks (final evaluation, shutdown handshake) then do nothing.
+    Raises:
+      UsageError: --data_sharding=queue on a worker with towers.
+      Whatever the input_fn and model_fn raise, with tensorflow_estimator 2.15's
+      messages for a wrong result (`lowlevel.models.spec`, `input_fns`).
     """
     preempted = preempted or threading.Event()
     mode = Mode.of(config, cluster)
     graph = tf.Graph()
     with graph.as_default():
-        v1.set_random_seed(config.seed)
-        # one device in one process and in the communication-reduced mode
-        hub, devices = placement.task_devices(cluster, task, 1 if mode.local else config.towers,
+        v1.set_random_seed(trainable.seed(config))
+        # one device in the communication-reduced mode
+        hub, devices = placement.task_devices(cluster, task,
+                                              1 if mode.local else trainable.towers(config),
                                               worker_gpu)
-        device, partitioner = (_placement(config, data, cluster, task, worker_gpu, hub)
-                               if cluster else (None, None))
-        params = models.params_for(config, data, partitioner, cluster.num_ps if cluster else 0)
+        model, device = trainable.placed(config, cluster, task, worker_gpu, hub)
         with v1.device(device):
             global_step = v1.train.get_or_create_global_step()
-            iter_init, feed, iterator, span_input = _train_input(config, data, cluster, task,
-                                                                 mode, len(devices))
-            images, labels = iterator.get_next()
-            step = _model_fn_step(config, params, images, labels, global_step, hub, devices,
-                                  cluster, span_input,
-                                  iterator.get_next if mode.local else None)
-            final_eval = None
-            if task.is_chief:
-                final_eval = evaluation.FinalEvalHook(
-                    evaluation.build(data, data.test, models.logits_fn(params)),
-                    skip=preempted)
-        v1.summary.scalar("loss", step.loss)
-        iter_init, around_save = _elastic_state(config, step, iter_init, span_input)
-        scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops,
-                                                     iter_init, feed, around_save=around_save)
-        examples_per_step = (config.batch_size * len(devices) *
-                             (mode.replicas if mode.sync else 1))
-        steps = hooks.LoopState()
-        progress = progress_lib.ProgressHook(global_step, step.loss, examples_per_step,
-                                      config.train_steps, config.log_every_secs, steps,
-                                      config.output_dir if task.is_chief else None,
-                                      config.warmup_steps, config.batch_size * len(devices),
-                                      step_from_loop=mode.local)
-        run_hooks = session_hooks(config, mode, cluster, task, step, global_step, scaffold,
-                                  steps, progress, final_eval, preempted,
-                                  span_input=span_input)
-    return TrainGraph(graph, step.train_op, step.local_ops, step.loss, global_step, scaffold,
+            data = trainable.train_input(config, cluster, task, len(devices))
+            step = step_lib.build(config, model, data.features, data.labels, global_step, hub,
+                                  devices, cluster, data.span,
+                                  data.next_batch if mode.local else None,
+                                  trainable.table_optimizer(config))
+            final_eval = trainable.final_eval(model, preempted) if task.is_chief else None
+            if model.warm_start and not tf.train.latest_checkpoint(model.model_dir):
+                warm_start_lib.warm_start(model.warm_start)
+        return _assemble(config, mode.of_step(config, step), cluster, task, model, step,
+                         global_step, data, final_eval, trainable.ends_early, preempted)
+
+
+def _assemble(config: TrainConfig, mode: Mode, cluster, task: Task, model, step, global_step,
+              data, final_eval, may_end_early: bool, preempted) -> TrainGraph:
+    """The `TrainGraph` around the step: the loss summary, scaffold, the model's hooks beside
+    the runtime's, progress."""
+    graph, spec = v1.get_default_graph(), step.spec
+    if not any(s.op.name == "loss" for s in v1.get_collection(v1.GraphKeys.SUMMARIES)):
+        v1.summary.scalar("loss", spec.loss)  # unless the model made one (as estimator 2.15)
+    steps = hooks.LoopState()
+    model_hooks = list(data.hooks) + list(model.hooks) + list(spec.training_hooks)
+    if task.is_chief:
+        model_hooks += list(spec.training_chief_hooks)
+    # before the saver: a hook's variables made here are saved (early stopping's STOP)
+    model_hooks = [_every_step(_on_runtime(h, steps)) for h in model_hooks
+                   if h not in step.sync_hooks]
+    local_init, around_save = _elastic_state(config, step, data.initializer, data.span)
+    scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops, local_init,
+                                                    data.feed, spec.scaffold, around_save)
+    examples_per_step = data.batch_size * mode.replicas
+    progress = progress_lib.ProgressHook(global_step, spec.loss, examples_per_step,
+                                         config.train_steps, config.log_every_secs, steps,
+                                         config.output_dir if task.is_chief else None,
+                                         config.warmup_steps, data.batch_size,
+                                         step_from_loop=mode.local)
+    run_hooks = session_hooks(config, mode, cluster, task, step, global_step, scaffold, steps,
+                              progress, final_eval, preempted,
+                              extra=step.sync_hooks + model_hooks,
+                              may_end_early=may_end_early, span_input=data.span)
+    return TrainGraph(graph, step.value, step.local_ops, spec.loss, global_step, scaffold,
                       run_hooks, progress, final_eval, examples_per_step, steps, saved,
-                      optimizer_names, span_input)
+                      optimizer_names, data.span)
 
 
-def _elastic_state(config: TrainConfig, step: Step, iter_init, span_input=None):
+def _on_runtime(hook, steps: hooks.LoopState):
+    """`hook.on_runtime(steps)` for a hook that runs differently on the runtime (an Estimator
+    early-stopping hook: `lowlevel.estimator.early_stopping`), else `hook`. Called while the
+    graph is built, before the saver: variables the hook makes then are saved."""
+    return hook.on_runtime(steps) if hasattr(hook, "on_runtime") else hook
+
+
+def _every_step(hook):
+    """A model's hook that acts per step, given a `due()` that is always True: the loop then
+    runs every step through the monitored session, as the model expects (`loop.StepRunner`)."""
+    base = v1.train.SessionRunHook
+    acts = (type(hook).before_run is not base.before_run or
+            type(hook).after_run is not base.after_run)
+    if acts and not hasattr(hook, "due"):
+        hook.due = lambda: True
+    return hook
+
+
+def _elastic_state(config: TrainConfig, step: step_lib.TrainStep, iter_init, span_input=None):
     """(local init, (before, after) each save) with the data queue: sync, its step state
     set up at local init and reset by a restore, its steps' completion paused while a
     checkpoint is written (`elastic_sync`); async, the save gate set up at local init and
@@ -169,44 +208,6 @@ def _elastic_state(config: TrainConfig, step: Step, iter_init, span_input=None):
         return tf.group(iter_init, span_input.queue.local_init()), (hold.before, hold.after)
     v1.add_to_collection(checkpoints.EXTRA_SAVEABLES, elastic_sync.StepStateReset(step.elastic))
     return (tf.group(iter_init, step.elastic.local_init()), step.elastic.pause(secs))
-
-
-def _train_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Task,
-                 mode: Mode, towers: int):
-    """(initializer, its feed, iterator, `spans.SpanInput` or None) of the worker's input:
-    the data queue's (`_span_input`), else its fixed shard of the training split."""
-    span_input = _span_input(config, data, cluster, task, mode, towers)
-    if span_input is not None:
-        return span_input.initializer, {}, span_input, span_input
-    if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
-        shards, shard, seed = 1, 0, config.seed + task.replica_index
-    else:
-        shards, shard, seed = mode.num_workers, task.replica_index, config.seed
-    return (*data.train_iterator(config.batch_size * towers, shards, shard, seed), None)
-
-
-def _span_input(config: TrainConfig, data, cluster: Optional[Cluster], task: Task, mode: Mode,
-                towers: int):
-    """The worker's `spans.SpanInput` (the queue on ps 0) with --data_sharding=queue in
-    effect (`TrainConfig.span_queue`), else None.
-
-    Raises:
-      UsageError: --data_sharding=queue on a worker with towers (the GPUs it found).
-    """
-    if not config.span_queue(cluster is not None, mode.sync):
-        return None
-    if towers > 1:
-        if config.data_sharding == "queue":
-            raise UsageError(f"--data_sharding=queue: not with towers ({towers} devices in "
-                             "this worker); give --towers=1 or --data_sharding=static")
-        return None
-    logging.info("data: %d span(s) (files) handed out by the queue on /job:ps/task:0",
-                 len(data.train.files))
-    cache = (output_layout.line_counts_file(config.output_dir)
-             if config.output_dir and config.count_examples else None)
-    return data.span_input(config.batch_size, task.replica_index, "/job:ps/task:0",
-                           config.span_lease_secs, config.seed, config.count_examples, cache,
-                           sync=mode.sync)
 
 
 def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed,
@@ -260,52 +261,13 @@ def _kept(scaffold) -> dict:
     return {n: getattr(scaffold, n) for n in names if getattr(scaffold, n, None) is not None}
 
 
-def _placement(config: TrainConfig, data: data_lib.DataSet, cluster: Cluster, task: Task,
-               worker_gpu: int, hub: str):
-    """(device function, variable partitioner or None) of a training task.
-
-    The model is measured unsharded for its total bytes, which size the
-    shards, and then sharded, for the plan that balances the shards' bytes
-    over the ps tasks (`placement`).
-    """
-    def probe(partitioner):
-        return lambda: models.for_config(config, data, partitioner, cluster.num_ps)(
-            data.probe_inputs())
-
-    whole, tables = placement.measure(probe(None))
-    partitioner = placement.partitioner(cluster.num_ps, sum(whole.values()),
-                                        sum(whole[n] for n in tables))
-    sizes, tables = placement.measure(probe(partitioner))
-    device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu, sizes,
-                                     task.job_name, tables, worker=hub)
-    return device, partitioner
-
-
-def _model_fn_step(config, params: dict, images, labels, global_step, worker: Optional[str],
-                   devices, cluster: Optional[Cluster], span=None, next_batch=None) -> Step:
-    """The built-in model's `model_fn` (`models.catalogue.model_fn` with `params`) through
-    the step every model_fn trains with (`runtime.step`): in one process; in the exact
-    mode with the fused transfer, products on the ps, towers, the counted update,
-    `--sync`, the data queue's batch check and commit and its sync; in the
-    communication-reduced mode local steps (in blocks of batches from `next_batch`) and
-    exchanges, its tables updated by an optimizer of their own. Its training accuracy is
-    the model_fn's summary."""
-    model = ModelFnModel(models.model_fn, params, run_config=None,
-                         model_dir=config.output_dir or "")
-    made = step_lib.build(config, model, images, labels, global_step, worker, devices,
-                          cluster, span, next_batch,
-                          lambda: make_optimizer(config.optimizer, config.lr))
-    return Step(made.spec.loss, made.value, made.local_ops,
-                sync_optimizer=made.sync_optimizer, elastic=made.elastic)
-
-
 def _variable_bytes(variables) -> int:
     """Bytes of `variables` (shapes fully defined; others count 0)."""
     return sum((v.shape.num_elements() or 0) * v.dtype.size for v in variables)
 
 
-def session_hooks(config, mode: Mode, cluster, task, step: Step, global_step, scaffold, steps,
-                  progress, final_eval, preempted, extra=(), may_end_early=False,
+def session_hooks(config, mode: Mode, cluster, task, step: step_lib.TrainStep, global_step,
+                  scaffold, steps, progress, final_eval, preempted, extra=(), may_end_early=False,
                   span_input=None) -> list:
     """The task's session hooks, in the order of the end-of-training protocol (`shutdown`).
 

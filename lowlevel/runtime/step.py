@@ -1,9 +1,10 @@
 """One training step for every model: a `model_fn`'s TRAIN graph, taken over by the runtime.
 
 `build` calls a model_fn (a user's, or the built-in models' `models.catalogue.model_fn`)
-on a batch already in the graph and returns the step one worker runs. Both training
-graphs use it: `model_graph` (a model_fn with its input_fn) and `graph` (the built-in
-models on their data sets), in every mode, so a change to the step reaches every model.
+on a batch already in the graph and returns the step one worker runs. The one training
+graph (`graph.build`) uses it for every model, a user's model_fn with its input_fn and
+the built-in models on their data sets, in every mode, so a change to the step reaches
+every model.
 What it does to the model_fn's graph, leaving the model_fn as it is:
 
 - on a cluster, the small variables the worker reads come from one read per ps, and

@@ -21,7 +21,7 @@ from lowlevel.cluster import probes
 from lowlevel.cluster.spec import CHIEF, WORKER, Cluster, Task
 from lowlevel.config import TrainConfig
 from lowlevel.outputs import checkpoints
-from lowlevel.runtime import faults, finish, loop, sessions
+from lowlevel.runtime import faults, finish, graph, loop, sessions
 from lowlevel.runtime import metrics as metrics_lib
 from lowlevel.runtime.graph import TrainGraph
 from lowlevel.runtime.preemption import Preemption
@@ -40,7 +40,7 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     """Runs worker `task` to `config.train_steps`; returns the chief's final metrics.
 
     `trainable`: what it trains (`trainables.Builtin` or `trainables.ModelFn`): its
-    graph, final evaluation and export.
+    model_fn, input and placement (`graph.build`), final evaluation and export.
 
     Failures of other tasks are recovered from inside (`MonitoredSession`
     recreates the session on `UnavailableError`/`AbortedError`; the creators
@@ -65,7 +65,7 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     """
     started = time.monotonic()
     preempted = preemption.requested if preemption else threading.Event()
-    g = trainable.build(config, cluster, task, worker_gpu, preempted)
+    g = graph.build(config, trainable, cluster, task, worker_gpu, preempted)
     metrics_lib.watch_training(g.progress, g.steps, g.progress.batch_size or config.batch_size)
     if task.is_chief and cluster:
         metrics_lib.placement_built(g.graph, cluster, config.output_dir)
