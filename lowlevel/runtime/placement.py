@@ -186,16 +186,40 @@ def loads(sizes: Mapping[str, int], assignment: Mapping[str, int], num_ps: int) 
     return out
 
 
+def with_slots_folded(sizes: Mapping[str, int]) -> dict[str, int]:
+    """`sizes` with each optimizer slot folded into its variable's bytes.
+
+    A slot ("model/hidden0/kernel/Adagrad", ".../Adam_1": a name below another variable's)
+    is made colocated with its variable (`slot_creator`), so it lives where its variable
+    does; planned apart, it would move nothing and only unbalance the plan. A model
+    measured in TRAIN mode (a user's model_fn, `trainables.ModelFn.placed`) has them: before
+    this, every variable of a 2-ps model_fn's plan went to ps 0 and its slot to ps 1, and so
+    all of them to ps 0.
+    """
+    folded: dict[str, int] = {}
+    for name in sorted(sizes, key=len):  # a variable before the slots below it
+        parts = name.split("/")
+        owner = next((o for o in ("/".join(parts[:k]) for k in range(1, len(parts)))
+                      if o in folded), None)
+        if owner is None:
+            folded[name] = sizes[name]
+        else:
+            folded[owner] += sizes[name]
+    return folded
+
+
 class ByteBalancedStrategy:
     """A `ps_strategy` for `replica_device_setter`: `__call__(op) -> ps task index`.
 
     Follows `plan(sizes, num_ps)` (`grouped_plan` with the names of the embedding
-    `tables`) for the variables it knows and sends any other
+    `tables`; each variable's slots folded into its bytes, `with_slots_folded`) for the
+    variables it knows and sends any other
     variable op to the currently least-loaded ps.
     """
 
     def __init__(self, sizes: Mapping[str, int], num_ps: int, tables=()):
         self._num_ps = num_ps
+        sizes = with_slots_folded(sizes)
         self.assignment = grouped_plan(sizes, num_ps, set(tables)) if tables else \
             plan(sizes, num_ps)
         self.loads = loads(sizes, self.assignment, num_ps)
