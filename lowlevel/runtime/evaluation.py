@@ -1,9 +1,13 @@
-"""Evaluating the model on a whole split: loss and accuracy; for wide_deep also AUC and log loss.
+"""Evaluating a model: a built-in model on a whole split (loss and accuracy; for wide_deep
+also AUC and log loss), and the evaluator task of every model.
 
-The evaluation graph reuses the training model's variables (the `model/`
-scope is built with AUTO_REUSE), so on a worker it reads them from the ps
-tasks; the final evaluation is run by the chief after its last step. An
-evaluator task (`continuous_eval`) evaluates each checkpoint as it appears.
+The built-in model's evaluation graph reuses the training model's variables (the
+`model/` scope is built with AUTO_REUSE), so on a worker it reads them from the ps
+tasks; the final evaluation is run by the chief after its last step
+(`FinalEvalHook`). The evaluator task (`continuous_eval`) is one loop for every model:
+each checkpoint as it appears, evaluated by the trainable's pass (`BuiltinCheckpoints`;
+a user's model_fn as `Estimator.evaluate` does, `ModelFnCheckpoints`), with the same
+bounds on storage, records, metrics and exports.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from lowlevel import errors, output_layout
 from lowlevel.config import TrainConfig
 from lowlevel.models import catalogue as models
 from lowlevel.models import dynamic_embeddings
-from lowlevel.outputs import checkpoints, export, files
+from lowlevel.outputs import checkpoints, files
 from lowlevel.runtime import faults, metrics
 
 v1 = tf.compat.v1
@@ -127,9 +131,11 @@ class FinalEvalHook(v1.train.SessionRunHook):
             self.result = evaluate(session, self._ops)
 
 
-def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
+def continuous_eval(config: TrainConfig, trainable, on_train_data: bool = False,
                     session_config=None) -> dict:
-    """Evaluates each new checkpoint in `config.output_dir` until that of the final step.
+    """Evaluates each new checkpoint in `config.output_dir` until that of the final step, for
+    every model: one evaluator, its checkpoint's pass given by the trainable
+    (`trainables.Builtin.checkpoint_evaluation`: `BuiltinCheckpoints`, `ModelFnCheckpoints`).
 
     The evaluator runs in its own process with no server: it reads checkpoint
     files, so it never holds up training. `tf.compat.v1.train.checkpoints_iterator`
@@ -138,14 +144,13 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
     half-written checkpoint is never read; one deleted by the chief's
     `--keep_checkpoint_max` before it is read is skipped with a warning.
 
-    Per checkpoint it writes `loss` and `accuracy` (binary models: also `auc`
-    and `log_loss`) summaries to `<output_dir>/eval/` (`eval_train/` for the
-    training split) and appends a record to `eval_metrics.json` there:
-    global_step, loss (mean cross-entropy), accuracy (fraction), num_examples,
-    split, checkpoint. With `config.export_every_checkpoint` it also exports each
-    checkpoint as a SavedModel (`lowlevel.outputs.export`). Every read and write of
-    `config.output_dir` is bounded (`_bounded_io`). The graph is built at the first
-    checkpoint (`_built_at`: dynamic tables need its number of shards).
+    Per checkpoint it appends a record to `eval_metrics.json` under
+    `<output_dir>/eval/` (`eval_train/` for a built-in model's training split):
+    global_step, the metrics, split, checkpoint; reports it (`metrics.evaluated`) and
+    logs it; the pass writes the metrics as summaries there. With
+    `config.export_every_checkpoint` it also exports each checkpoint
+    (`trainable.export`: a built-in model's SavedModel). Every read and write of
+    `config.output_dir` is bounded (`_bounded_io`).
 
     Returns:
       The record of the checkpoint whose global_step is >= `config.train_steps`.
@@ -154,80 +159,110 @@ def continuous_eval(config: TrainConfig, data, on_train_data: bool = False,
       errors.EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
       errors.StorageTimeout: a read or write in `config.output_dir` did not complete in time.
       errors.CheckpointMismatch: a checkpoint of another model.
+      errors.ModelFnError: a user's model_fn or input_fn failed.
     """
-    split_name, split = ("train", data.train) if on_train_data else ("test", data.test)
-    eval_dir = output_layout.eval_dir(config.output_dir, on_train_data)
-    os.makedirs(eval_dir, exist_ok=True)
     records_path = output_layout.eval_records(config.output_dir, on_train_data)
+    os.makedirs(os.path.dirname(records_path), exist_ok=True)
     records = _read_records(records_path)
-    size = getattr(split, "description", None) or f"{len(split)} examples"
-    logging.info("evaluator: watching %s for checkpoints; evaluating on the %s split (%s) "
-                 "until global step %d", config.output_dir, split_name, size,
-                 config.train_steps)
-    writer = v1.summary.FileWriter(eval_dir, graph=None)
-    built = None  # at the first checkpoint
-    try:
-        with contextlib.ExitStack() as stack:
-            for path in _checkpoints(config):
-                built = built or _built_at(path, stack, config, data, split, session_config)
-                _, global_step, ops, variables, saver, sess = built
-                if not _restored(saver, sess, config, variables, path):
-                    continue
-                step = int(sess.run(global_step))
-                record = dict(global_step=step, **evaluate(sess, ops), split=split_name,
-                              checkpoint=os.path.basename(path))
-                records = _keep(record, records, writer, records_path, config)
-                if config.export_every_checkpoint and config.keep_exports:
-                    _bounded_io(lambda: _export(path, config, data), path,
-                                config.fault_timeout_secs, "exporting", "--fault_timeout_secs")
-                if step >= config.train_steps:
-                    return record
-    finally:
-        _bounded_io(writer.close, eval_dir, config.fault_timeout_secs,
-                    "closing the summaries in", "--fault_timeout_secs")
+    with trainable.checkpoint_evaluation(config, on_train_data, session_config) as evaluate_at:
+        logging.info("evaluator: watching %s for checkpoints; evaluating %s until global "
+                     "step %d", config.output_dir, evaluate_at.what, config.train_steps)
+        for path in _checkpoints(config):
+            record = evaluate_at(path)
+            if record is None:  # gone or unreadable
+                continue
+            records = _keep(record, records, records_path, config)
+            if config.export_every_checkpoint and config.keep_exports:
+                _bounded_io(lambda: _export(path, config, trainable), path,
+                            config.fault_timeout_secs, "exporting", "--fault_timeout_secs")
+            if record["global_step"] >= config.train_steps:
+                return record
     raise _no_final_checkpoint(config)
 
 
-def continuous_eval_model(config: TrainConfig, model, eval_input_fn) -> dict:
-    """The evaluator of a user's model_fn (`trainables.ModelFn`): each new checkpoint, until that
-    of the final step, evaluated as `Estimator.evaluate` does (its eval_metric_ops, `loss`,
-    `global_step`; summaries in `<output_dir>/eval/`), with the built-in evaluator's bounds
-    (`_checkpoints`, `_bounded_io`) and records (`eval_metrics.json`).
-
-    Returns:
-      The record of the checkpoint whose global_step is >= `config.train_steps`.
-
-    Raises:
-      errors.EvalTimeout, errors.StorageTimeout: as `continuous_eval`.
+class BuiltinCheckpoints:
+    """A built-in model's pass over a split at each checkpoint (`build`, `evaluate`): its
+    graph and session made once, at the first checkpoint (`_built_at`: dynamic tables need
+    its number of shards), each checkpoint restored into them; `loss` and `accuracy`
+    (binary models: also `auc` and `log_loss`) written as summaries to
+    `<output_dir>/eval/` (`eval_train/` for the training split). A context manager: the
+    session and the summary writer close at its end.
     """
-    from lowlevel.runtime import model_evaluation
-    records_path = output_layout.eval_records(config.output_dir)
-    os.makedirs(os.path.dirname(records_path), exist_ok=True)
-    records = _read_records(records_path)
-    logging.info("evaluator: watching %s for checkpoints until global step %d",
-                 config.output_dir, config.train_steps)
-    for path in _checkpoints(config):
+
+    def __init__(self, config: TrainConfig, data, on_train_data: bool = False,
+                 session_config=None):
+        self._config, self._data, self._session_config = config, data, session_config
+        self._split_name, self._split = (("train", data.train) if on_train_data
+                                         else ("test", data.test))
+        self.what = (f"the {self._split_name} split (" +
+                     (getattr(self._split, "description", None) or
+                      f"{len(self._split)} examples") + ")")
+        self._eval_dir = output_layout.eval_dir(config.output_dir, on_train_data)
+        self._stack = contextlib.ExitStack()
+        self._built = None
+        self._writer = None
+
+    def __enter__(self):
+        os.makedirs(self._eval_dir, exist_ok=True)
+        self._writer = v1.summary.FileWriter(self._eval_dir, graph=None)
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        _bounded_io(self._writer.close, self._eval_dir, self._config.fault_timeout_secs,
+                    "closing the summaries in", "--fault_timeout_secs")
+
+    def __call__(self, path: str):
+        """The record of checkpoint `path`, or None if it is gone or unreadable."""
+        config = self._config
+        self._built = self._built or _built_at(path, self._stack, config, self._data,
+                                               self._split, self._session_config)
+        _, global_step, ops, variables, saver, sess = self._built
+        if not _restored(saver, sess, config, variables, path):
+            return None
+        record = dict(global_step=int(sess.run(global_step)), **evaluate(sess, ops),
+                      split=self._split_name, checkpoint=os.path.basename(path))
+        _bounded_io(lambda: _write_summaries(self._writer, record), self._eval_dir,
+                    config.fault_timeout_secs, "writing the evaluation to",
+                    "--fault_timeout_secs")
+        return record
+
+
+class ModelFnCheckpoints:
+    """A user's model_fn at each checkpoint, evaluated as `Estimator.evaluate` does on its
+    eval input_fn (`model_evaluation.evaluate`: its eval_metric_ops, `loss`,
+    `global_step`; its summaries in `<output_dir>/eval/`). A context manager (nothing to
+    close).
+    """
+
+    what = "the eval input_fn"
+
+    def __init__(self, config: TrainConfig, model, eval_input_fn):
+        self._config, self._model, self._input_fn = config, model, eval_input_fn
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def __call__(self, path: str):
+        """The record of checkpoint `path`, or None if it is gone or unreadable."""
+        from lowlevel.runtime import model_evaluation
         try:
             result = _bounded_io(lambda: model_evaluation.evaluate(
-                model, eval_input_fn, checkpoint_path=path), path, config.fault_timeout_secs,
-                "evaluating", "--fault_timeout_secs")
+                self._model, self._input_fn, checkpoint_path=path), path,
+                self._config.fault_timeout_secs, "evaluating", "--fault_timeout_secs")
         except (errors.StorageTimeout, errors.ModelFnError):
             raise
         except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile
             logging.warning("evaluator: skipping %s, which is gone or unreadable "
                             "(deleted by the chief's --keep_checkpoint_max?): %s",
                             path, getattr(e, "message", e))
-            continue
+            return None
         record = {k: v.item() if hasattr(v, "item") else v for k, v in result.items()}
         record.update(split="eval", checkpoint=os.path.basename(path))
-        records = [r for r in records if r["global_step"] != record["global_step"]] + [record]
-        _write_records(records_path, records)
-        metrics.evaluated(record)
-        logging.info("evaluator: step %d | %s", record["global_step"], " | ".join(
-            f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
-        if record["global_step"] >= config.train_steps:
-            return record
-    raise _no_final_checkpoint(config)
+        return record
 
 
 def _no_final_checkpoint(config: TrainConfig) -> errors.EvalTimeout:
@@ -345,38 +380,35 @@ def _read_index(path: str) -> None:
             f.read()
 
 
-def _write(writer, record: dict, records_path: str, records: list) -> None:
-    """Writes `record`'s summaries and every record so far (`eval_metrics.json`)."""
-    step = record["global_step"]
+def _write_summaries(writer, record: dict) -> None:
+    """Writes a built-in model's `record` as scalar summaries at its global step."""
     writer.add_summary(v1.Summary(value=[
         v1.Summary.Value(tag=tag, simple_value=record[tag])
         for tag in ("loss", "accuracy", "auc", "log_loss") if record.get(tag) is not None]),
-        step)
+        record["global_step"])
     writer.flush()
-    _write_records(records_path, records)
 
 
-def _keep(record: dict, records: list, writer, records_path: str, config: TrainConfig) -> list:
-    """Writes one checkpoint's `record` as summaries and into `eval_metrics.json` (bounded by
+def _keep(record: dict, records: list, records_path: str, config: TrainConfig) -> list:
+    """Writes one checkpoint's `record` into `eval_metrics.json` (bounded by
     `--fault_timeout_secs`), reports and logs it; returns the records with this one in
     (replacing an older one of its step)."""
     step = record["global_step"]
     records = [r for r in records if r["global_step"] != step] + [record]
-    _bounded_io(lambda: _write(writer, record, records_path, records),
+    _bounded_io(lambda: _write_records(records_path, records),
                 os.path.dirname(records_path), config.fault_timeout_secs,
                 "writing the evaluation to", "--fault_timeout_secs")
     metrics.evaluated(record)
-    logging.info("evaluator: step %d | %s accuracy %.4f | loss %.4f%s", step,
-                 record["split"], record["accuracy"], record["loss"],
-                 f" | auc {record['auc']:.4f}" if record.get("auc") else "")
+    logging.info("evaluator: step %d | %s | %s", step, record["split"], " | ".join(
+        f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
     return records
 
 
-def _export(path: str, config: TrainConfig, data) -> None:
-    """`--export_every_checkpoint`: exports checkpoint `path`; one it cannot read is skipped."""
+def _export(path: str, config: TrainConfig, trainable) -> None:
+    """`--export_every_checkpoint`: exports checkpoint `path` (`trainable.export`); one it
+    cannot read is skipped."""
     try:
-        export.export(path, output_layout.export_base(config.output_dir), config, data,
-                      config.keep_exports)
+        trainable.export(path, config)
     except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile (--keep_checkpoint_max)
         logging.warning("evaluator: could not export %s (deleted by the chief's "
                         "--keep_checkpoint_max?): %s", os.path.basename(path),

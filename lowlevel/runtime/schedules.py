@@ -66,14 +66,10 @@ def evaluate(config: TrainConfig, task: Task, on_train_data: bool) -> int:
     _log_cpus(task, None)
     _serving(None, task)
     trainable = trainables.for_config(config, None, task)
-    if isinstance(trainable, trainables.ModelFn):
-        record = evaluation.continuous_eval_model(config, trainable.model,
-                                                  trainable.eval_input_fn)
-    else:
-        record = evaluation.continuous_eval(
-            config, trainable.data, on_train_data,
-            tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
-                                     inter_op_parallelism_threads=config.inter_op_threads or 1))
+    record = evaluation.continuous_eval(
+        config, trainable, on_train_data,
+        tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
+                                 inter_op_parallelism_threads=config.inter_op_threads or 1))
     print(json.dumps(record), flush=True)
     return 0
 

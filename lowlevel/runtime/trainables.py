@@ -169,6 +169,12 @@ class Builtin:
             evaluation.build(self.data, self.data.test, models.logits_fn(model.params)),
             skip=preempted)
 
+    def checkpoint_evaluation(self, config: TrainConfig, on_train_data: bool = False,
+                              session_config=None) -> "evaluation.BuiltinCheckpoints":
+        """The evaluator's pass at each checkpoint (`evaluation.continuous_eval`): the test
+        split (the training split with `on_train_data`), in one graph and session."""
+        return evaluation.BuiltinCheckpoints(config, self.data, on_train_data, session_config)
+
     def final_evaluation(self, g, config: TrainConfig, checkpoint: Optional[str]) -> dict:
         """The chief's final evaluation, made inside its session (`evaluation.FinalEvalHook`)."""
         return g.final_eval.result if g.final_eval and g.final_eval.result else {}
@@ -250,6 +256,12 @@ class ModelFn:
     def final_eval(self, model: ModelFnModel, preempted) -> None:
         """None: a model_fn is evaluated after the run, from its final checkpoint."""
         return None
+
+    def checkpoint_evaluation(self, config: TrainConfig, on_train_data: bool = False,
+                              session_config=None) -> "evaluation.ModelFnCheckpoints":
+        """The evaluator's pass at each checkpoint (`evaluation.continuous_eval`): the eval
+        input_fn, as `Estimator.evaluate` runs it (`on_train_data`: the input_fn decides)."""
+        return evaluation.ModelFnCheckpoints(config, self.model, self.eval_input_fn)
 
     def final_evaluation(self, g, config: TrainConfig, checkpoint: Optional[str]) -> dict:
         """The model's EVAL metrics (its eval_metric_ops, `loss`, `global_step`) on the eval
