@@ -37,6 +37,8 @@ def test_in_process_the_model_fn_trains_and_the_chief_evaluates_it(tmp_path):
     assert metrics["global_step"] == 400 and metrics["model"] == MODEL[0].split("=")[1]
     assert metrics["accuracy"] > 0.9  # its own eval_metric_ops, on its eval input
     assert tf.train.load_checkpoint(str(out)).get_tensor("hidden0/kernel").shape == (64, 32)
+    # its batch from the input's static leading dimension (drop_remainder), as the built-ins'
+    assert metrics["batch_size"] == 64 and metrics["train_examples_per_sec"] > 0
 
 
 @pytest.mark.timeout(300)

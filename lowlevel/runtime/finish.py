@@ -114,8 +114,8 @@ def final_metrics(config: TrainConfig, cluster: Optional[Cluster], g, evaluated:
     auc and log_loss; a model_fn: its eval metrics), train_examples_per_sec (all
     workers), wall_seconds (from building the graph to the end of the final evaluation
     and shutdown handshake), num_ps, num_workers, sync, model, dataset (a model_fn's:
-    its input_fn), batch_size (a model_fn's examples/s and batch size: None, its input_fn
-    decides them).
+    its input_fn), batch_size (per worker step; a model_fn's from its input's static
+    leading dimension: examples/s and batch size None when that is unknown).
 
     `evaluated`: the final evaluation's results (`trainable.final_evaluation`).
     """
@@ -127,16 +127,16 @@ def final_metrics(config: TrainConfig, cluster: Optional[Cluster], g, evaluated:
         "accuracy": evaluated.get("accuracy"),
         "loss": evaluated.get("loss"),
         **extra,
-        # A model_fn's batch is its input_fn's, unknown here: no examples/s, no batch size.
-        "train_examples_per_sec": round(g.progress.examples_per_sec, 1) if config.builtin
-        else None,
+        # A model_fn's batch is its input_fn's: known where its leading dimension is static.
+        "train_examples_per_sec": round(g.progress.examples_per_sec, 1)
+        if g.examples_per_step else None,
         "wall_seconds": round(wall_seconds, 3),
         "num_ps": cluster.num_ps if cluster else 0,
         "num_workers": cluster.num_workers if cluster else 1,
         "sync": bool(config.sync and cluster),
         "model": config.model,
         "dataset": config.dataset if config.builtin else config.input_fn,
-        "batch_size": config.batch_size if config.builtin else None,
+        "batch_size": config.batch_size if config.builtin else g.progress.batch_size or None,
     }
 
 
