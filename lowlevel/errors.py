@@ -128,7 +128,7 @@ class NetworkFault(TransientFailure):
 
 class EvalTimeout(TransientFailure):
     """No new checkpoint appeared within `--eval_timeout_secs` before the final one
-    (`lowlevel.runtime.evaluation`): the chief may be down or restarting; a restarted
+    (`lowlevel.runtime.evaluator`): the chief may be down or restarting; a restarted
     evaluator picks up where it was."""
 
 
@@ -149,7 +149,7 @@ class TrainingFinished(Exception):
 
 class StorageTimeout(TransientFailure):
     """A read or write in `--output_dir` did not complete in time (storage that stopped
-    answering: a hung network file system; `lowlevel.runtime.evaluation`). A restarted task
+    answering: a hung network file system; `lowlevel.runtime.evaluator`). A restarted task
     reads the same files again."""
 
 

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from estimator_support import FIXTURES, estimator_alias, fixture, load_script, script_flags
 
-from lowlevel.runtime import model_evaluation
+from lowlevel.runtime import evaluation
 
 v1 = tf.compat.v1
 SIGNATURES = fixture("export_signatures.json")
@@ -160,7 +160,7 @@ def test_best_exporter_bookkeeping(est, digits, tmp_path):
     estimator.train(digits["train_input_fn"], steps=2)
     checkpoint = estimator.latest_checkpoint()
     with tf.Graph().as_default():
-        model_evaluation.write_dict_to_summary(estimator.eval_dir(), {"loss": np.float32(0.5)}, 2)
+        evaluation.write_dict_to_summary(estimator.eval_dir(), {"loss": np.float32(0.5)}, 2)
     best = est.BestExporter(serving_input_receiver_fn=digits["serving_input_receiver_fn"],
                             exports_to_keep=1)
     path = os.path.join(model_dir, "export", best.name)

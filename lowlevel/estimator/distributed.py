@@ -170,7 +170,7 @@ def _preemption(task_name: str):
 def _evaluate_once(evaluator):
     """`evaluator.evaluate_and_export()`'s metrics; None (with a warning) when its checkpoint
     was deleted under it (the chief keeps `keep_checkpoint_max`: a slow evaluation can lose
-    the race), as the built-in evaluator does (`runtime.evaluation`)."""
+    the race), as the runtime's evaluator does (`runtime.evaluator`)."""
     try:
         return evaluator.evaluate_and_export()[0]
     except (ValueError, tf.errors.OpError) as e:

@@ -6,7 +6,7 @@ The constructor, properties, `train`'s argument checks, `evaluate`,
 (same exception types and messages). The work is done below the entry
 point: `train` makes ONE call to `lowlevel.runtime.model_training.train`
 (the runtime lowlevel's cluster integration replaces), `evaluate` calls
-`lowlevel.runtime.model_evaluation.evaluate`, `predict`
+`lowlevel.runtime.evaluation.evaluate_model_fn`, `predict`
 `lowlevel.runtime.prediction.predict`, the exports
 `lowlevel.outputs.serving.export_saved_model`, each with a
 `lowlevel.models.model_fn_model.ModelFnModel` describing this Estimator.
@@ -26,7 +26,7 @@ from lowlevel.models import spec as spec_lib
 from lowlevel.models import warm_start as warm_start_lib
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.outputs import all_modes_export, serving
-from lowlevel.runtime import model_evaluation, model_training, prediction
+from lowlevel.runtime import evaluation, model_training, prediction
 
 logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
@@ -176,7 +176,7 @@ class Estimator:
 
     def eval_dir(self, name=None):
         """`<model_dir>/eval` or `<model_dir>/eval_<name>`."""
-        return model_evaluation.eval_dir(self._model_dir, name)
+        return evaluation.eval_dir(self._model_dir, name)
 
     def train(self, input_fn, hooks=None, steps=None, max_steps=None, saving_listeners=None):
         """Trains on `input_fn` for `steps` more steps or up to `max_steps`; returns self.
@@ -217,10 +217,10 @@ class Estimator:
         {"loss": float32 mean loss, <eval_metric_ops keys>, "global_step":
         int64}; summaries go to `eval_dir(name)`. steps: update steps (None:
         until the input ends). Errors: see
-        `lowlevel.runtime.model_evaluation.evaluate`.
+        `lowlevel.runtime.evaluation.evaluate_model_fn`.
         """
         hooks = _check_hooks_type(hooks)
-        return model_evaluation.evaluate(self._model(), input_fn, steps=steps, hooks=hooks,
+        return evaluation.evaluate_model_fn(self._model(), input_fn, steps=steps, hooks=hooks,
                                          checkpoint_path=checkpoint_path, name=name)
 
     def predict(self, input_fn, predict_keys=None, hooks=None, checkpoint_path=None,

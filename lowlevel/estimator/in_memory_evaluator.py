@@ -3,7 +3,7 @@
 hooks/hooks.py).
 
 At `begin` the hook builds the Estimator's EVAL graph once, in a graph of its own,
-with the pieces `Estimator.evaluate` uses (`lowlevel.runtime.model_evaluation.
+with the pieces `Estimator.evaluate` uses (`lowlevel.runtime.evaluation.
 build_eval_graph`). It evaluates right after the training session is created,
 after every `every_n_iter`-th `session.run` of training (counted from that
 session's start, not by global step), and at `end`: each time it copies every
@@ -24,7 +24,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from lowlevel.estimator.estimator import _check_hooks_type
-from lowlevel.runtime import model_evaluation
+from lowlevel.runtime import evaluation
 
 v1 = tf.compat.v1
 
@@ -56,7 +56,7 @@ class InMemoryEvaluatorHook(v1.train.SessionRunHook):
                              "setting.")
         self._estimator, self._input_fn, self._name = estimator, input_fn, name
         self._every_n_iter = every_n_iter
-        self._eval_dir = model_evaluation.eval_dir(estimator.model_dir, name)
+        self._eval_dir = evaluation.eval_dir(estimator.model_dir, name)
         self._hooks = _check_hooks_type(hooks)
         if steps is not None and steps <= 0:
             raise ValueError(f"Must specify steps > 0, given: {steps}")
@@ -72,7 +72,7 @@ class InMemoryEvaluatorHook(v1.train.SessionRunHook):
         with self._graph.as_default():
             model = self._estimator._model()  # noqa: SLF001 (the Estimator's ModelFnModel)
             (self._scaffold, self._update_op, self._eval_dict,
-             self._all_hooks) = model_evaluation.build_eval_graph(
+             self._all_hooks) = evaluation.build_eval_graph(
                 model, self._input_fn, self._hooks, checkpoint_path=None)
             if self._scaffold.saver is not None:
                 raise ValueError("InMemoryEvaluator does not support custom saver")
@@ -107,10 +107,10 @@ class InMemoryEvaluatorHook(v1.train.SessionRunHook):
         scaffold = v1.train.Scaffold(init_fn=feed_variables, copy_from_scaffold=self._scaffold)
         config = self._estimator.config
         with self._graph.as_default():
-            results = model_evaluation._evaluate_once(  # noqa: SLF001 (evaluate's own loop)
+            results = evaluation._evaluate_once(  # noqa: SLF001 (evaluate's own loop)
                 None, config, scaffold, self._update_op, self._eval_dict, self._all_hooks,
                 self._steps)
-            model_evaluation.write_dict_to_summary(self._eval_dir, results,
+            evaluation.write_dict_to_summary(self._eval_dir, results,
                                                    results[v1.GraphKeys.GLOBAL_STEP])
         self._timer.update_last_triggered_step(self._iter_count)
 

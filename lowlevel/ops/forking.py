@@ -88,7 +88,7 @@ FORKABLE = ("lowlevel.trainer", "lowlevel")
 # ~0.3 s more in a restarted chief without bytecode caches (`PYTHONDONTWRITEBYTECODE`,
 # py-spy, 2026-11-29). Their import starts no thread.
 TRAINER_MODULES = ("lowlevel.runtime.schedules", "lowlevel.runtime.training",
-                   "lowlevel.runtime.finish", "lowlevel.runtime.evaluation",
+                   "lowlevel.runtime.finish", "lowlevel.runtime.evaluator",
                    "sklearn.datasets", "sklearn.model_selection", "sklearn.metrics")
 
 

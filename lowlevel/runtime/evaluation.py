@@ -1,35 +1,44 @@
-"""Evaluating a model: a built-in model on a whole split (loss and accuracy; for wide_deep
-also AUC and log loss), and the evaluator task of every model.
+"""Evaluating a model once, for every model: a built-in model on a whole split, a model_fn as
+tensorflow_estimator 2.15's `Estimator.evaluate` does.
 
-The built-in model's evaluation graph reuses the training model's variables (the
-`model/` scope is built with AUTO_REUSE), so on a worker it reads them from the ps
-tasks; the final evaluation is run by the chief after its last step
-(`FinalEvalHook`). The evaluator task (`continuous_eval`) is one loop for every model:
-each checkpoint as it appears, evaluated by the trainable's pass (`BuiltinCheckpoints`;
-a user's model_fn as `Estimator.evaluate` does, `ModelFnCheckpoints`), with the same
-bounds on storage, records, metrics and exports.
+- A built-in model (`build`, `evaluate`): loss and accuracy over a whole split; for
+  wide_deep also AUC and log loss. Its evaluation graph reuses the training model's
+  variables (the `model/` scope is built with AUTO_REUSE), so on a worker it reads them
+  from the ps tasks; the final evaluation is run by the chief after its last step
+  (`FinalEvalHook`).
+- A model_fn (`evaluate_model_fn(model, input_fn, steps, hooks, checkpoint_path, name)`,
+  2.15's `Estimator.evaluate` core): the EVAL graph in a fresh `tf.Graph()` (2.15's
+  `_evaluate_build_graph`: seed, global_step, input_fn and model_fn in EVAL mode, a
+  `loss` metric = `tf.compat.v1.metrics.mean(loss)`, `global_step` added to the
+  results), `checkpoint_path` restored (default: the latest in model_dir; none: the
+  variables are initialised, as 2.15 logs), every metric's update op run `steps` times or
+  until the input ends (OutOfRangeError), the metric values read once at the end (a
+  FinalOpsHook), written as scalar summaries (and the checkpoint path as a text summary)
+  to `<model_dir>/eval` or `<model_dir>/eval_<name>` at the checkpoint's global step, and
+  returned: {"loss": np.float32, <metric>: value, "global_step": np.int64}. It logs to the
+  'tensorflow' logger, as 2.15 does.
+
+The evaluator task of every model, which runs these at each checkpoint, is `evaluator`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
 import time
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
-from lowlevel import errors, output_layout
-from lowlevel.config import TrainConfig
-from lowlevel.models import catalogue as models
-from lowlevel.models import dynamic_embeddings
-from lowlevel.outputs import checkpoints, files
-from lowlevel.runtime import faults, metrics
+from lowlevel.models import dynamic_embeddings, input_fns
+from lowlevel.models import spec as spec_lib
+from lowlevel.models import warm_start as warm_start_lib
+from lowlevel.models.model_fn_model import ModelFnModel
+from lowlevel.outputs import files
 
 v1 = tf.compat.v1
+tf_logging = tf.compat.v1.logging  # the 'tensorflow' logger, as tensorflow_estimator 2.15 logs
 
 
 @dataclasses.dataclass
@@ -131,297 +140,183 @@ class FinalEvalHook(v1.train.SessionRunHook):
             self.result = evaluate(session, self._ops)
 
 
-def continuous_eval(config: TrainConfig, trainable, on_train_data: bool = False,
-                    session_config=None) -> dict:
-    """Evaluates each new checkpoint in `config.output_dir` until that of the final step, for
-    every model: one evaluator, its checkpoint's pass given by the trainable
-    (`trainables.Builtin.checkpoint_evaluation`: `BuiltinCheckpoints`, `ModelFnCheckpoints`).
+def eval_dir(model_dir: str, name: Optional[str] = None) -> str:
+    """`<model_dir>/eval`, or `<model_dir>/eval_<name>` for a named evaluation."""
+    return os.path.join(model_dir, "eval" if not name else "eval_" + name)
 
-    The evaluator runs in its own process with no server: it reads checkpoint
-    files, so it never holds up training. `tf.compat.v1.train.checkpoints_iterator`
-    yields a checkpoint only once the chief's Saver has recorded it in the
-    `checkpoint` state file, which it writes after the data files, so a
-    half-written checkpoint is never read; one deleted by the chief's
-    `--keep_checkpoint_max` before it is read is skipped with a warning.
 
-    Per checkpoint it appends a record to `eval_metrics.json` under
-    `<output_dir>/eval/` (`eval_train/` for a built-in model's training split):
-    global_step, the metrics, split, checkpoint; reports it (`metrics.evaluated`) and
-    logs it; the pass writes the metrics as summaries there. With
-    `config.export_every_checkpoint` it also exports each checkpoint
-    (`trainable.export`: a built-in model's SavedModel). Every read and write of
-    `config.output_dir` is bounded (`_bounded_io`).
+class StopAfterNEvalsHook(v1.train.SessionRunHook):
+    """Stops an evaluation after `num_evals` update steps, logging "Evaluation [i/n]"."""
 
-    Returns:
-      The record of the checkpoint whose global_step is >= `config.train_steps`.
+    def __init__(self, num_evals: int, evals_completed):
+        self._num_evals = num_evals
+        self._evals_completed = evals_completed
+        self._log_every = max(num_evals // 10, 1)
 
-    Raises:
-      errors.EvalTimeout: no new checkpoint for `config.eval_timeout_secs` seconds.
-      errors.StorageTimeout: a read or write in `config.output_dir` did not complete in time.
-      errors.CheckpointMismatch: a checkpoint of another model.
-      errors.ModelFnError: a user's model_fn or input_fn failed.
+    def before_run(self, run_context):
+        """Fetches the number of evaluation steps done."""
+        return v1.train.SessionRunArgs({"evals_completed": self._evals_completed})
+
+    def after_run(self, run_context, run_values):
+        """Requests the stop once `num_evals` steps are done."""
+        done = run_values.results["evals_completed"]
+        if done % self._log_every == 0 or done == self._num_evals:
+            tf_logging.info("Evaluation [%d/%d]", done, self._num_evals)
+        if done >= self._num_evals:
+            run_context.request_stop()
+
+
+def _eval_step():
+    existing = v1.get_collection(v1.GraphKeys.EVAL_STEP)
+    if existing:
+        return existing[0]
+    return v1.get_variable("eval_step", shape=[], dtype=tf.int64,
+                           initializer=v1.zeros_initializer(), trainable=False,
+                           collections=[v1.GraphKeys.LOCAL_VARIABLES, v1.GraphKeys.EVAL_STEP])
+
+
+def _metric_ops(spec):
+    metrics = dict(spec.eval_metric_ops)
+    if spec_lib.LOSS_METRIC_KEY in metrics:
+        raise ValueError('Metric with name "loss" is not allowed, because Estimator already '
+                         "defines a default metric with the same name.")
+    metrics[spec_lib.LOSS_METRIC_KEY] = v1.metrics.mean(spec.loss)
+    update_ops, values = [], {}
+    for name, value in sorted(metrics.items()):
+        values[name] = value[0]
+        update_ops.append(value[1])
+    return tf.group(*update_ops), values
+
+
+def build_eval_graph(model: ModelFnModel, input_fn, hooks: Sequence = (), checkpoint_path=None):
+    """In the default graph: (scaffold, update_op, eval_dict, all_hooks) of one evaluation.
+
+    eval_dict maps metric names, "loss" and "global_step" to value tensors;
+    all_hooks are the input's, `hooks` and the spec's evaluation_hooks. Raises ValueError
+    (2.15's messages) for a metric named "loss" or "global_step".
     """
-    records_path = output_layout.eval_records(config.output_dir, on_train_data)
-    os.makedirs(os.path.dirname(records_path), exist_ok=True)
-    records = _read_records(records_path)
-    with trainable.checkpoint_evaluation(config, on_train_data, session_config) as evaluate_at:
-        logging.info("evaluator: watching %s for checkpoints; evaluating %s until global "
-                     "step %d", config.output_dir, evaluate_at.what, config.train_steps)
-        for path in _checkpoints(config):
-            record = evaluate_at(path)
-            if record is None:  # gone or unreadable
-                continue
-            records = _keep(record, records, records_path, config)
-            if config.export_every_checkpoint and config.keep_exports:
-                _bounded_io(lambda: _export(path, config, trainable), path,
-                            config.fault_timeout_secs, "exporting", "--fault_timeout_secs")
-            if record["global_step"] >= config.train_steps:
-                return record
-    raise _no_final_checkpoint(config)
+    config = model.run_config
+    v1.random.set_random_seed(config.tf_random_seed)
+    v1.train.create_global_step(v1.get_default_graph())
+    result = input_fns.call_input_fn(input_fn, spec_lib.ModeKeys.EVAL, model.params, config)
+    features, labels, input_hooks = input_fns.features_and_labels(result)
+    spec = spec_lib.call_model_fn(model.model_fn, features, labels, spec_lib.ModeKeys.EVAL,
+                                  model.params, config)
+    update_op, eval_dict = _metric_ops(spec)
+    if not checkpoint_path and model.warm_start:
+        warm_start_lib.warm_start(model.warm_start)
+    if v1.GraphKeys.GLOBAL_STEP in eval_dict:
+        raise ValueError("Metric with name `global_step` is not allowed, because Estimator "
+                         "already defines a default metric with the same name.")
+    eval_dict[v1.GraphKeys.GLOBAL_STEP] = v1.train.get_global_step()
+    scaffold = spec.scaffold
+    if scaffold.local_init_op is not None:
+        _eval_step()
+        scaffold = v1.train.Scaffold(
+            local_init_op=tf.group(scaffold.local_init_op,
+                                   v1.train.Scaffold.default_local_init_op()),
+            copy_from_scaffold=scaffold)
+    all_hooks = list(input_hooks) + list(hooks) + list(spec.evaluation_hooks)
+    return scaffold, update_op, eval_dict, all_hooks
 
 
-class BuiltinCheckpoints:
-    """A built-in model's pass over a split at each checkpoint (`build`, `evaluate`): its
-    graph and session made once, at the first checkpoint (`_built_at`: dynamic tables need
-    its number of shards), each checkpoint restored into them; `loss` and `accuracy`
-    (binary models: also `auc` and `log_loss`) written as summaries to
-    `<output_dir>/eval/` (`eval_train/` for the training split). A context manager: the
-    session and the summary writer close at its end.
+def _evaluate_once(checkpoint_path, config, scaffold, update_op, eval_dict, hooks, steps):
+    """2.15's `evaluation._evaluate_once`: returns the final values of eval_dict."""
+    eval_step = _eval_step()
+    with tf.control_dependencies([update_op]):
+        bump = v1.assign_add(eval_step, 1, use_locking=True)
+    hooks = list(hooks)
+    if steps is not None:
+        hooks.append(StopAfterNEvalsHook(steps, bump))
+    final = v1.train.FinalOpsHook(eval_dict)
+    hooks.append(final)
+    tf_logging.info("Starting evaluation at %s", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()))
+    start = time.time()
+    creator = v1.train.ChiefSessionCreator(
+        scaffold=scaffold, checkpoint_filename_with_path=checkpoint_path,
+        master=config.evaluation_master, config=config.session_config)
+    with v1.train.MonitoredSession(session_creator=creator, hooks=hooks) as session:
+        while not session.should_stop():
+            session.run([update_op, bump])
+    tf_logging.info("Inference Time : %.5fs", time.time() - start)
+    tf_logging.info("Finished evaluation at %s", time.strftime("%Y-%m-%d-%H:%M:%S", time.gmtime()))
+    return final.final_ops_values
+
+
+def evaluate_model_fn(model: ModelFnModel, input_fn, steps: Optional[int] = None,
+                      hooks: Sequence = (), checkpoint_path: Optional[str] = None,
+                      name: Optional[str] = None) -> dict:
+    """Evaluates `model` on `input_fn`'s data; returns {metric: value, "loss", "global_step"}.
+
+    steps: update steps to run (None: until the input's OutOfRangeError);
+    ValueError "Must specify steps > 0, given: <steps>" otherwise. hooks:
+    SessionRunHooks (checked by the caller). checkpoint_path: a checkpoint
+    prefix, default the latest in `model.model_dir`. name: results go to
+    `eval_<name>`. Values are numpy scalars (float32 metrics, int64 step).
     """
-
-    def __init__(self, config: TrainConfig, data, on_train_data: bool = False,
-                 session_config=None):
-        self._config, self._data, self._session_config = config, data, session_config
-        self._split_name, self._split = (("train", data.train) if on_train_data
-                                         else ("test", data.test))
-        self.what = (f"the {self._split_name} split (" +
-                     (getattr(self._split, "description", None) or
-                      f"{len(self._split)} examples") + ")")
-        self._eval_dir = output_layout.eval_dir(config.output_dir, on_train_data)
-        self._stack = contextlib.ExitStack()
-        self._built = None
-        self._writer = None
-
-    def __enter__(self):
-        os.makedirs(self._eval_dir, exist_ok=True)
-        self._writer = v1.summary.FileWriter(self._eval_dir, graph=None)
-        return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        _bounded_io(self._writer.close, self._eval_dir, self._config.fault_timeout_secs,
-                    "closing the summaries in", "--fault_timeout_secs")
-
-    def __call__(self, path: str):
-        """The record of checkpoint `path`, or None if it is gone or unreadable."""
-        config = self._config
-        self._built = self._built or _built_at(path, self._stack, config, self._data,
-                                               self._split, self._session_config)
-        _, global_step, ops, variables, saver, sess = self._built
-        if not _restored(saver, sess, config, variables, path):
-            return None
-        record = dict(global_step=int(sess.run(global_step)), **evaluate(sess, ops),
-                      split=self._split_name, checkpoint=os.path.basename(path))
-        _bounded_io(lambda: _write_summaries(self._writer, record), self._eval_dir,
-                    config.fault_timeout_secs, "writing the evaluation to",
-                    "--fault_timeout_secs")
-        return record
+    if steps is not None and steps <= 0:
+        raise ValueError(f"Must specify steps > 0, given: {steps}")
+    if not checkpoint_path:
+        checkpoint_path = tf.train.latest_checkpoint(model.model_dir)
+        if not checkpoint_path:
+            tf_logging.info("Could not find trained model in model_dir: %s, running "
+                         "initialization to evaluate.", model.model_dir)
+    with tf.Graph().as_default():
+        scaffold, update_op, eval_dict, all_hooks = build_eval_graph(
+            model, input_fn, hooks, checkpoint_path)
+        results = _evaluate_once(checkpoint_path, model.run_config, scaffold, update_op,
+                                 eval_dict, all_hooks, steps)
+        step = results[v1.GraphKeys.GLOBAL_STEP]
+        write_dict_to_summary(eval_dir(model.model_dir, name), results, step)
+        if checkpoint_path:
+            write_checkpoint_path_to_summary(eval_dir(model.model_dir, name),
+                                             checkpoint_path, step)
+    return results
 
 
-class ModelFnCheckpoints:
-    """A user's model_fn at each checkpoint, evaluated as `Estimator.evaluate` does on its
-    eval input_fn (`model_evaluation.evaluate`: its eval_metric_ops, `loss`,
-    `global_step`; its summaries in `<output_dir>/eval/`). A context manager (nothing to
-    close).
-    """
-
-    what = "the eval input_fn"
-
-    def __init__(self, config: TrainConfig, model, eval_input_fn):
-        self._config, self._model, self._input_fn = config, model, eval_input_fn
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def __call__(self, path: str):
-        """The record of checkpoint `path`, or None if it is gone or unreadable."""
-        from lowlevel.runtime import model_evaluation
+def _summary_value(summary, key, value):
+    if isinstance(value, (np.float32, float)):
+        summary.value.add(tag=key, simple_value=float(value))
+    elif isinstance(value, (np.int64, np.int32, int)):
+        summary.value.add(tag=key, simple_value=int(value))
+    elif isinstance(value, bytes):
         try:
-            result = _bounded_io(lambda: model_evaluation.evaluate(
-                self._model, self._input_fn, checkpoint_path=path), path,
-                self._config.fault_timeout_secs, "evaluating", "--fault_timeout_secs")
-        except (errors.StorageTimeout, errors.ModelFnError):
-            raise
-        except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile
-            logging.warning("evaluator: skipping %s, which is gone or unreadable "
-                            "(deleted by the chief's --keep_checkpoint_max?): %s",
-                            path, getattr(e, "message", e))
-            return None
-        record = {k: v.item() if hasattr(v, "item") else v for k, v in result.items()}
-        record.update(split="eval", checkpoint=os.path.basename(path))
-        return record
-
-
-def _no_final_checkpoint(config: TrainConfig) -> errors.EvalTimeout:
-    """The evaluator's error when the final checkpoint did not come in time."""
-    return errors.EvalTimeout(
-        f"evaluator: no new checkpoint in {config.output_dir} for {config.eval_timeout_secs:g} "
-        f"s (--eval_timeout_secs) before the one of global step {config.train_steps}: is the "
-        "chief running?")
-
-
-def _bounded_io(io, what: str, limit_secs: float, doing: str, flag: str):
-    """`io()`, abandoned (`faults.abandonable`) after `limit_secs` with `errors.StorageTimeout`.
-
-    A read or write on a network file system whose server stopped answering
-    blocks in the kernel with no deadline (a hard NFS mount: forever); the
-    evaluator then exits 200 naming what it was doing instead of hanging.
-    """
-    deadline = time.monotonic() + limit_secs
-
-    def guard():
-        if time.monotonic() >= deadline:
-            logging.error("evaluator: %s %s did not complete within %g s (%s)", doing, what,
-                          limit_secs, flag)
-            raise errors.StorageTimeout(
-                f"evaluator: {doing} {what} did not complete within {limit_secs:g} s ({flag}): "
-                "is the storage under --output_dir answering?")
-    return faults.abandonable(io, guard, "checkpoint_io")
-
-
-def _checkpoints(config: TrainConfig):
-    """Each new checkpoint's path, as `checkpoints_iterator` yields them, each wait bounded by
-    `--eval_timeout_secs` + `--fault_timeout_secs` (I/O on storage that stops answering
-    blocks with no deadline)."""
-    found = v1.train.checkpoints_iterator(config.output_dir, timeout=config.eval_timeout_secs)
-    wait_secs = config.eval_timeout_secs + config.fault_timeout_secs
-    while True:
-        path = _bounded_io(lambda: next(found, None), config.output_dir, wait_secs,
-                           "waiting for a checkpoint in",
-                           "--eval_timeout_secs + --fault_timeout_secs")
-        if path is None:
+            parsed = v1.Summary.FromString(value)
+        except Exception:  # noqa: BLE001 (protobuf's DecodeError; 2.15 skips it too)
+            tf_logging.warning("Skipping summary for %s, cannot parse string to Summary.", key)
             return
-        yield path
+        for i, item in enumerate(parsed.value):
+            item.tag = "%s/%d" % (key, i)
+        summary.value.extend(parsed.value)
+    elif isinstance(value, np.ndarray):
+        item = summary.value.add(tag=key, node_name=key)
+        item.tensor.CopyFrom(tf.make_tensor_proto(value))
+    else:
+        tf_logging.warning("Skipping summary for %s, must be a float, np.float32, np.int64, "
+                        "np.int32 or int or np.ndarray or a serialized string of Summary.", key)
 
 
-def _built_at(path: str, stack: contextlib.ExitStack, config: TrainConfig, data, split,
-              session_config) -> tuple:
-    """`_eval_graph`'s tuple and a session on it (closed with `stack`), built for the first
-    checkpoint, `path`: dynamic tables get as many shards as the ps tasks that wrote it."""
-    def shards() -> int:
-        if config.embedding != "dynamic":
-            return 0
-        _read_index(path)  # a hang shows here, not in the reader holding the GIL
-        return dynamic_embeddings.shards_in(path)
-    count = _bounded_io(shards, path, config.fault_timeout_secs, "reading",
-                        "--fault_timeout_secs")
-    built = _eval_graph(config, data, split, count)
-    return (*built, stack.enter_context(v1.Session(graph=built[0], config=session_config)))
-
-
-def _eval_graph(config: TrainConfig, data, split, shards: int = 0):
-    """(graph, global_step, eval ops, variables, their saver): the evaluator's finalised graph,
-    its dynamic tables (if any) in `shards` shards in this process (0: one)."""
-    graph = tf.Graph()
-    with graph.as_default():
-        global_step = v1.train.get_or_create_global_step()
-        ops = build(data, split, models.for_config(config, data, local_shards=shards))
-        # the checkpoint's names (dynamic embedding shards: their snapshots)
-        variables = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES))
-        saver = v1.train.Saver(variables)
-        graph.finalize()
-    return graph, global_step, ops, variables, saver
-
-
-def _restored(saver, sess, config: TrainConfig, variables, path: str) -> bool:
-    """Restores checkpoint `path` (bounded by `--fault_timeout_secs`); False, with a warning,
-    when it is gone or unreadable (deleted by the chief's `--keep_checkpoint_max`).
-
-    Raises:
-      errors.CheckpointMismatch: a checkpoint of another model.
-      errors.StorageTimeout: the read did not complete in time.
-    """
-    try:
-        _bounded_io(lambda: _restore(saver, sess, config.output_dir, variables, path), path,
-                    config.fault_timeout_secs, "reading", "--fault_timeout_secs")
-        return True
-    except (errors.CheckpointMismatch, errors.StorageTimeout):
-        raise
-    except Exception as e:  # noqa: BLE001 - deleted, or cut short: skip it
-        logging.warning("evaluator: skipping %s, which is gone or unreadable "
-                        "(deleted by the chief's --keep_checkpoint_max?): %s",
-                        path, getattr(e, "message", e))
-        return False
-
-
-def _restore(saver, sess, output_dir: str, variables, path: str) -> None:
-    """Checks that checkpoint `path` is of this model, then restores it into `sess`.
-
-    TensorFlow's checkpoint reader (`check_compatible`) holds Python's GIL while
-    it opens the index: blocked there on storage that stopped answering, it would
-    stop every thread of the process, the one bounding it too. So the index is
-    read first through `tf.io.gfile`, which lets go of the GIL: a hang shows
-    there (measured: a FIFO as the index, tests/test_storage.py); the reader then
-    finds it in the page cache.
-    """
-    _read_index(path)
-    checkpoints.check_compatible(output_dir, variables, path)
-    saver.restore(sess, path)
-
-
-def _read_index(path: str) -> None:
-    """Reads checkpoint `path`'s index through `tf.io.gfile` (which lets go of the GIL)."""
-    index = path + ".index"
-    if tf.io.gfile.exists(index):
-        with tf.io.gfile.GFile(index, "rb") as f:
-            f.read()
-
-
-def _write_summaries(writer, record: dict) -> None:
-    """Writes a built-in model's `record` as scalar summaries at its global step."""
-    writer.add_summary(v1.Summary(value=[
-        v1.Summary.Value(tag=tag, simple_value=record[tag])
-        for tag in ("loss", "accuracy", "auc", "log_loss") if record.get(tag) is not None]),
-        record["global_step"])
+def write_dict_to_summary(output_dir: str, dictionary: dict, global_step: int) -> None:
+    """Writes eval results (except global_step) as summaries at `global_step`, as 2.15."""
+    tf_logging.info("Saving dict for global step %d: %s", global_step, ", ".join(
+        "%s = %s" % (k, v) for k, v in sorted(dictionary.items()) if not isinstance(v, bytes)))
+    summary = v1.Summary()
+    for key, value in dictionary.items():
+        if value is not None and key != "global_step":
+            _summary_value(summary, key, value)
+    writer = files.event_writer(output_dir)  # never truncates another run's events
+    writer.add_summary(summary, global_step)
     writer.flush()
 
 
-def _keep(record: dict, records: list, records_path: str, config: TrainConfig) -> list:
-    """Writes one checkpoint's `record` into `eval_metrics.json` (bounded by
-    `--fault_timeout_secs`), reports and logs it; returns the records with this one in
-    (replacing an older one of its step)."""
-    step = record["global_step"]
-    records = [r for r in records if r["global_step"] != step] + [record]
-    _bounded_io(lambda: _write_records(records_path, records),
-                os.path.dirname(records_path), config.fault_timeout_secs,
-                "writing the evaluation to", "--fault_timeout_secs")
-    metrics.evaluated(record)
-    logging.info("evaluator: step %d | %s | %s", step, record["split"], " | ".join(
-        f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float)))
-    return records
-
-
-def _export(path: str, config: TrainConfig, trainable) -> None:
-    """`--export_every_checkpoint`: exports checkpoint `path` (`trainable.export`); one it
-    cannot read is skipped."""
-    try:
-        trainable.export(path, config)
-    except (tf.errors.OpError, ValueError) as e:  # deleted meanwhile (--keep_checkpoint_max)
-        logging.warning("evaluator: could not export %s (deleted by the chief's "
-                        "--keep_checkpoint_max?): %s", os.path.basename(path),
-                        getattr(e, "message", e))
-
-
-def _read_records(path: str) -> list:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return []
-
-
-def _write_records(path: str, records: list) -> None:
-    files.write_json(path, sorted(records, key=lambda r: r["global_step"]))
+def write_checkpoint_path_to_summary(output_dir: str, checkpoint_path: str,
+                                     global_step: int) -> None:
+    """Writes the evaluated checkpoint's path as a string-tensor summary `checkpoint_path`."""
+    tf_logging.info("Saving 'checkpoint_path' summary for global step %d: %s", global_step,
+                 checkpoint_path)
+    summary = v1.Summary()
+    summary.value.add(tag="checkpoint_path",
+                      tensor=tf.make_tensor_proto(checkpoint_path, dtype=tf.string))
+    writer = files.event_writer(output_dir)  # never truncates another run's events
+    writer.add_summary(summary, global_step)
+    writer.flush()

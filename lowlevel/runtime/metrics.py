@@ -610,7 +610,7 @@ def watch_training(progress, steps, batch_size: int) -> None:
 
 
 def evaluated(record: dict) -> None:
-    """The evaluator's record of one checkpoint (`evaluation.continuous_eval`)."""
+    """The evaluator's record of one checkpoint (`evaluator.continuous_eval`)."""
     if _current is not None:
         _current.evaluated(record)
 

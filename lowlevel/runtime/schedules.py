@@ -62,11 +62,11 @@ def evaluate(config: TrainConfig, task: Task, on_train_data: bool) -> int:
     """An evaluator: each new checkpoint until the final one; prints the last record."""
     import tensorflow as tf
 
-    from lowlevel.runtime import evaluation, trainables
+    from lowlevel.runtime import evaluator, trainables
     _log_cpus(task, None)
     _serving(None, task)
     trainable = trainables.for_config(config, None, task)
-    record = evaluation.continuous_eval(
+    record = evaluator.continuous_eval(
         config, trainable, on_train_data,
         tf.compat.v1.ConfigProto(intra_op_parallelism_threads=config.intra_op_threads or 1,
                                  inter_op_parallelism_threads=config.inter_op_threads or 1))

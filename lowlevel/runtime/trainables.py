@@ -39,7 +39,7 @@ from lowlevel.models import spec as spec_lib
 from lowlevel.models.model_fn_model import ModelFnModel
 from lowlevel.models.optimizers import make_optimizer
 from lowlevel.models.run_config import RunConfig
-from lowlevel.runtime import evaluation, placement, step
+from lowlevel.runtime import evaluation, evaluator, placement, step
 
 
 @dataclasses.dataclass
@@ -170,10 +170,10 @@ class Builtin:
             skip=preempted)
 
     def checkpoint_evaluation(self, config: TrainConfig, on_train_data: bool = False,
-                              session_config=None) -> "evaluation.BuiltinCheckpoints":
-        """The evaluator's pass at each checkpoint (`evaluation.continuous_eval`): the test
+                              session_config=None) -> "evaluator.BuiltinCheckpoints":
+        """The evaluator's pass at each checkpoint (`evaluator.continuous_eval`): the test
         split (the training split with `on_train_data`), in one graph and session."""
-        return evaluation.BuiltinCheckpoints(config, self.data, on_train_data, session_config)
+        return evaluator.BuiltinCheckpoints(config, self.data, on_train_data, session_config)
 
     def final_evaluation(self, g, config: TrainConfig, checkpoint: Optional[str]) -> dict:
         """The chief's final evaluation, made inside its session (`evaluation.FinalEvalHook`)."""
@@ -258,18 +258,17 @@ class ModelFn:
         return None
 
     def checkpoint_evaluation(self, config: TrainConfig, on_train_data: bool = False,
-                              session_config=None) -> "evaluation.ModelFnCheckpoints":
-        """The evaluator's pass at each checkpoint (`evaluation.continuous_eval`): the eval
+                              session_config=None) -> "evaluator.ModelFnCheckpoints":
+        """The evaluator's pass at each checkpoint (`evaluator.continuous_eval`): the eval
         input_fn, as `Estimator.evaluate` runs it (`on_train_data`: the input_fn decides)."""
-        return evaluation.ModelFnCheckpoints(config, self.model, self.eval_input_fn)
+        return evaluator.ModelFnCheckpoints(config, self.model, self.eval_input_fn)
 
     def final_evaluation(self, g, config: TrainConfig, checkpoint: Optional[str]) -> dict:
         """The model's EVAL metrics (its eval_metric_ops, `loss`, `global_step`) on the eval
         input_fn, from `checkpoint`, as `Estimator.evaluate` gives them; {} without one."""
         if self.eval_input_fn is None or checkpoint is None:
             return {}
-        from lowlevel.runtime import model_evaluation
-        result = model_evaluation.evaluate(self.model, self.eval_input_fn,
+        result = evaluation.evaluate_model_fn(self.model, self.eval_input_fn,
                                            checkpoint_path=checkpoint)
         return {k: v.item() if hasattr(v, "item") else v for k, v in result.items()}
 
