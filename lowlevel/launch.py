@@ -74,7 +74,7 @@ from absl import app, flags
 from lowlevel import cli, output_layout
 from lowlevel.errors import UsageError
 from lowlevel.ops import cpu_limits, forking, isolation, k8s, memory_limits, resize
-from lowlevel.ops.supervisor import Progress, Supervisor, supervise
+from lowlevel.ops.supervisor import Progress, Supervisor, output_closed, supervise
 from lowlevel.runtime import restarts
 
 cli.define_trainer_flags()  # the flags passed on to every task
@@ -414,6 +414,24 @@ def _limits() -> dict:
             "cpu": cpu_limits.limits_for(_task_names(), FLAGS.cpu)}
 
 
+def _stop_on_signals(sup: Supervisor, memory, cpu) -> None:
+    """Ctrl-C and SIGTERM stop every task (`sup.stop`), close the cgroups and exit 128 + N,
+    also once the launcher's output is gone (a closed pipe: the line is not shown)."""
+    def on_signal(signum, frame):
+        try:
+            print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
+        except BrokenPipeError:  # the output's reader is gone: stop the tasks all the same
+            output_closed(sys.stdout)
+        sup.stop(FLAGS.stop_timeout_secs)
+        for cgroups in (memory, cpu):
+            if cgroups is not None:
+                cgroups.close()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
 def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict,
          output_dir, fork: bool, after_chief: tuple = ("ps",), preloaded: tuple = (),
          resizer=None) -> int:
@@ -434,24 +452,19 @@ def _run(commands: dict[str, list[str]], envs: dict[str, dict], limits: dict,
         raise
     sup = Supervisor(commands, max_restarts=FLAGS.max_restarts or 0, fork=fork,
                      memory=memory, envs=envs, cpu=cpu)
-
-    def on_signal(signum, frame):
-        print(f"launch: {signal.Signals(signum).name}; stopping every task", flush=True)
-        sup.stop(FLAGS.stop_timeout_secs)
-        for cgroups in (memory, cpu):
-            if cgroups is not None:
-                cgroups.close()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    _stop_on_signals(sup, memory, cpu)
     if resizer is not None:
         resizer.install()
         resizer.write_state(sup, set())
     progress = Progress() if sys.stdout.isatty() and output_dir else None
-    code = supervise(sup, FLAGS.stop_timeout_secs, progress,
-                     os.path.abspath(output_dir) if output_dir else None, after_chief,
-                     resizer)
+    try:
+        code = supervise(sup, FLAGS.stop_timeout_secs, progress,
+                         os.path.abspath(output_dir) if output_dir else None, after_chief,
+                         resizer)
+    except BaseException:  # the launcher's own failure must not leave its tasks running
+        sup.stop(FLAGS.stop_timeout_secs)
+        _close_cgroups(memory, cpu)
+        raise
     elapsed = time.monotonic() - started
     restarted = ", ".join(f"{n} x{k}" for n, k in sup.restarts.items() if k)
     _close_cgroups(memory, cpu)

@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -109,6 +110,45 @@ def test_sigterm_stops_every_task(tmp_path):
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive
         assert not clusters.leftovers(out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in clusters.leftovers(out):
+            p.kill()
+
+
+@pytest.mark.timeout(180)
+def test_a_closed_output_ends_the_relaying_not_the_run_and_sigterm_still_stops_it(tmp_path):
+    """The launcher's stdout a pipe whose reader exits after one line (`| head -1`, a `tee`
+    that died): the run goes on, and a SIGTERM then stops every task with 143. Before, the
+    BrokenPipeError ended the launcher's main thread, its tasks ran on, and the SIGTERM
+    stopped none."""
+    out, err = tmp_path / "closed", tmp_path / "launch.err"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
+                                 "--train_steps=1000000", "--log_every_secs=0.5"],
+                                cwd=clusters.ROOT, env=clusters.ENV, stdout=subprocess.PIPE,
+                                stderr=stderr)
+    try:
+        assert proc.stdout.readline()
+        proc.stdout.close()  # the reader is gone
+        deadline = time.monotonic() + 120
+        while "reader is gone" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "the tasks go on" in err.read_text(), err.read_text()[-3000:]
+        seen = len(clusters.task_events(out, "worker0", "progress"))
+        deadline = time.monotonic() + 60
+        while (len(clusters.task_events(out, "worker0", "progress")) < seen + 3 and
+               time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert len(clusters.task_events(out, "worker0", "progress")) >= seen + 3
+        assert proc.poll() is None
+        children = psutil.Process(proc.pid).children()
+        assert len(children) == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -310,7 +310,31 @@ class Progress:
 
 
 def _write(text, progress, out):
-    if progress is not None:
-        progress.write(text)
-    else:
-        print(text, file=out, flush=True)
+    """Relays `text` (a task's line or the launcher's) to `out`, or above the progress line.
+
+    A closed output (its reader gone: `| head`, a `tee` or ssh session that died) ends the
+    relaying, not the run (`output_closed`). Before, the `BrokenPipeError` ended the
+    launcher's main thread with its tasks still running, and a SIGTERM then stopped none.
+    """
+    try:
+        if progress is not None:
+            progress.write(text)
+        else:
+            print(text, file=out, flush=True)
+    except BrokenPipeError:
+        output_closed(sys.stderr if progress is not None else out)
+
+
+def output_closed(out) -> None:
+    """Points `out`'s file descriptor at /dev/null after its reader went away (later writes,
+    the interpreter's last flush included, then succeed), and says so on stderr if it can."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, out.fileno())
+    finally:
+        os.close(devnull)
+    try:
+        print("launch: the output's reader is gone (a closed pipe); the tasks go on, their "
+              "lines are no longer shown", file=sys.stderr, flush=True)
+    except OSError:
+        pass
