@@ -126,7 +126,7 @@ def test_a_closed_output_ends_the_relaying_not_the_run_and_sigterm_still_stops_i
     out, err = tmp_path / "closed", tmp_path / "launch.err"
     with open(err, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "lowlevel.launch", f"--output_dir={out}",
-                                 "--train_steps=1000000", "--log_every_secs=0.5"],
+                                 "--train_steps=1000000"],
                                 cwd=clusters.ROOT, env=clusters.ENV, stdout=subprocess.PIPE,
                                 stderr=stderr)
     try:

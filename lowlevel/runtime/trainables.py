@@ -124,9 +124,9 @@ class Builtin:
         else:
             if cluster and cluster.sparse:  # dynamic workers: the whole split, own order
                 shards, shard, seed = 1, 0, config.seed + task.replica_index
-            else:
-                shards, shard = (cluster.num_workers or 1) if cluster else 1, task.replica_index
-                seed = config.seed
+            else:  # this worker's shard
+                shards = (cluster.num_workers or 1) if cluster else 1
+                shard, seed = task.replica_index, config.seed
             init, feed, iterator = self.data.train_iterator(config.batch_size * towers, shards,
                                                             shard, seed)
         features, labels = iterator.get_next()
