@@ -274,6 +274,11 @@ def evaluate_model_fn(model: ModelFnModel, input_fn, steps: Optional[int] = None
     return results
 
 
+def as_record(results: dict) -> dict:
+    """`evaluate_model_fn`'s results with numpy scalars as Python numbers (for JSON)."""
+    return {k: v.item() if hasattr(v, "item") else v for k, v in results.items()}
+
+
 def _summary_value(summary, key, value):
     if isinstance(value, (np.float32, float)):
         summary.value.add(tag=key, simple_value=float(value))

@@ -157,7 +157,7 @@ class ModelFnCheckpoints:
                             "(deleted by the chief's --keep_checkpoint_max?): %s",
                             path, getattr(e, "message", e))
             return None
-        record = {k: v.item() if hasattr(v, "item") else v for k, v in result.items()}
+        record = evaluation.as_record(result)
         record.update(split="eval", checkpoint=os.path.basename(path))
         return record
 

@@ -268,9 +268,8 @@ class ModelFn:
         input_fn, from `checkpoint`, as `Estimator.evaluate` gives them; {} without one."""
         if self.eval_input_fn is None or checkpoint is None:
             return {}
-        result = evaluation.evaluate_model_fn(self.model, self.eval_input_fn,
-                                           checkpoint_path=checkpoint)
-        return {k: v.item() if hasattr(v, "item") else v for k, v in result.items()}
+        return evaluation.as_record(evaluation.evaluate_model_fn(
+            self.model, self.eval_input_fn, checkpoint_path=checkpoint))
 
     def export(self, checkpoint: str, config: TrainConfig) -> Optional[str]:
         """None: a model_fn is exported by the Estimator's exporters (`lowlevel.estimator`)."""
