@@ -155,6 +155,40 @@ def test_sharding_changes_neither_initial_values_nor_outputs():
     np.testing.assert_allclose(plain, sharded, rtol=1e-5, atol=1e-6)
 
 
+def _two_builds(build, num_ps):
+    """What `placement.measure_sharded` replaced: the model measured whole, then sharded."""
+    whole, tables = placement.measure(lambda: build(None))
+    part = placement.partitioner(num_ps, sum(whole.values()), sum(whole[n] for n in tables))
+    return (*placement.measure(lambda: build(part)), part)
+
+
+@pytest.mark.parametrize("num_ps", [1, 2, 3])
+@pytest.mark.parametrize("model,extra", [
+    ("mlp", {"hidden_units": (512, 512)}), ("cnn", {"hidden_units": (128,)}),
+    ("wide_deep", {}), ("wide_deep", {"vocab_size": 1 << 20, "hash_buckets": 1 << 20}),
+    ("wide_deep", {"embedding": "dynamic"})])
+def test_one_scratch_build_measures_the_shards_two_builds_measured(num_ps, model, extra):
+    from lowlevel.data import ctr
+    config = TrainConfig(model=model, **({"dataset": "synthetic_ctr"} if model == "wide_deep"
+                                          else {}), **extra)
+    data = (ctr.synthetic_ctr(1000, config.hash_buckets) if model == "wide_deep"
+            else data_lib.load_digits())
+
+    def build(partitioner):
+        return models.for_config(config, data, partitioner, num_ps)(data.probe_inputs())
+
+    sizes, tables, part = placement.measure_sharded(
+        build, lambda total, table_bytes: placement.partitioner(num_ps, total, table_bytes))
+    two_sizes, two_tables, two_part = _two_builds(build, num_ps)
+    assert sizes == two_sizes
+    assert tables == two_tables
+    assert type(part) is type(two_part)
+    if num_ps > 1:  # sharded: the test would pass on whole variables otherwise
+        assert any("/part_" in name for name in sizes)
+        assert model != "wide_deep" or extra.get("embedding") == "dynamic" or \
+            any("/part_" in name for name in tables)
+
+
 def test_op_bytes_of_a_variable():
     with tf.Graph().as_default():
         v = tf.compat.v1.get_variable("v", [3, 5], tf.float32)

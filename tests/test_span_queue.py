@@ -319,7 +319,7 @@ class _SyncWorker:
         for op in self.init:
             self.sess.run(op)
         self.span, self.first = (int(x) for x in self.sess.run(self.claim_op)[:2])
-        self.sess.run(self.tick_op)  # live from here (--sync_live_secs 60)
+        self.tick_op(self.sess)  # live from here (--sync_live_secs 60)
 
     def push(self, gradient, results: list):
         """Pushes for the global step it reads now; appends the step's result."""
@@ -361,7 +361,7 @@ def test_a_sync_token_nobody_took_does_not_let_one_worker_complete_a_step_alone(
     else:  # one push accepted, its worker gone: the restore wakes it (and nobody is there)
         w0.sess.run(w0.set_accepted)
         w0.sess.run(w0.reset_op)  # which also clears the heartbeats: worker 1's next tick
-        w1.sess.run(w1.tick_op)
+        w1.tick_op(w1.sess)
     results0, results1 = [], []
     pushing = threading.Thread(target=w0.push, args=([1.0, 0.0], results0), daemon=True)
     pushing.start()
@@ -401,7 +401,7 @@ def test_a_restore_wakes_the_sync_pushes_it_dropped():
     assert results1 == [0], results1  # woken, the step not taken
     assert int(w0.sess.run(accepted)) == 0 and int(w0.sess.run(w0.gs)) == 0
     for w in (w0, w1):  # the heartbeats went with the step state: each worker's next tick
-        w.sess.run(w.tick_op)
+        w.tick_op(w.sess)
     w1.first -= w1.LINES  # the dropped batch is read again
     pushes = [threading.Thread(target=w.push, args=(g, r), daemon=True)
               for w, g, r in ((w0, [2.0, 0.0], []), (w1, [0.0, 4.0], results1))]

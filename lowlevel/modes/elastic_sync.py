@@ -19,8 +19,10 @@ The protocol, per worker step:
    is refreshed. Refused because s is over: `spans.MOVED_ON`; the worker claims again
    and reads on from where the model is (its lines are not in the model).
 3. Completion, in the same lock: by the push that brings the accepted count to the
-   required count, or by a worker's heartbeat tick (`tick`, every `TICK_SECS`) once a
-   worker has left. Required: the live workers (a heartbeat within `live_secs`, from
+   required count, or, once a worker has left, by the completion op (`completion`: the
+   lock, the count checked again) that a worker runs after its heartbeat tick (`tick`,
+   every `TICK_SECS`), after its leave and after a save's pause. Required: the live
+   workers (a heartbeat within `live_secs`, from
    every worker's tick thread and push; a worker process that starts, before its graph,
    ends the heartbeat a dead process of its index left: `end_lease`), clipped to
    [`floor`, `cap`] (`--min_replicas`, `--replicas_to_aggregate` or the declared
@@ -57,6 +59,7 @@ nothing (benchmarks/NOTES.md, twenty-third and twenty-fifth stops).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Optional
 
@@ -78,8 +81,22 @@ GENERATION = 1 << 40  # a token's and a push's key: generation * GENERATION + gl
 BEAT = "beat"  # the heartbeats' variable in `SCOPE`: float64 [MAX_WORKERS], Unix seconds
 
 
+@dataclasses.dataclass(frozen=True)
+class InTurn:
+    """An op, then the step's completion (`ElasticSync.completion`), in two runs: called with
+    a session (and `tf.compat.v1.RunOptions`), returns the first op's value."""
+
+    op: object
+    completion: object
+
+    def __call__(self, session, options=None):
+        value = session.run(self.op, options=options)
+        session.run(self.completion, options=options)
+        return value
+
+
 class ElasticSync:
-    """The sync step's ops on ps 0 (`push`, `tick`) for one worker.
+    """The sync step's ops on ps 0 (`push`, `tick`, `leave`, `pause`) for one worker.
 
     Args:
       span_input: the worker's input from the data queue (`spans.SpanInput`; its queue
@@ -126,6 +143,7 @@ class ElasticSync:
         self._state = [self.accepted, self.beat, self.paused_until, queue.pending,
                        queue.resume_at]
         self._accumulators = [_accumulator(g, v) for g, v in self._pairs]
+        self._completion = None
 
     def push(self):
         """The worker's train op: int64 scalar, the global step after its step (blocks until
@@ -215,34 +233,45 @@ class ElasticSync:
         with tf.control_dependencies([token]):
             return tf.maximum(token % GENERATION, self._gs.read_value())
 
-    def tick(self):
-        """Op: this worker's heartbeat, and the completion of a step that has what the live
-        workers require (its other workers left). int64: global_step."""
+    def completion(self):
+        """Op: in the queue's lock, completes the step under way if it has the gradients the
+        live workers require (a bool). One op for every caller but the push (a heartbeat, a
+        leave, a save's resume: `InTurn`), built once: each copy of the completion is an
+        apply of the whole model's optimizer inside a `tf.cond`, ~10 % of a sync worker's
+        graph build per copy for wide_deep, paid at every restart and join
+        (benchmarks/NOTES.md, twenty-seventh stop). Build it before the graph is
+        finalized."""
+        if self._completion is None:  # whatever the first caller's context
+            with tf.control_dependencies(None), v1.colocate_with(None, ignore_existing=True), \
+                    v1.device(self.queue.device):
+                self._completion = self.queue.lock.execute(self._complete_if_ready,
+                                                           name="sync_complete")
+        return self._completion
+
+    def tick(self) -> InTurn:
+        """This worker's heartbeat, then the completion of a step that has what the live
+        workers require (its other workers left): int64, global_step at the heartbeat."""
+        def beat():
+            with tf.control_dependencies([self.beat.scatter_update(spans.at(
+                    self.worker, tf.timestamp()))]):
+                return self._gs.read_value()
+
         with v1.device(self.queue.device):
-            return self.queue.lock.execute(self._tick, name="sync_tick")
+            return InTurn(self.queue.lock.execute(beat, name="sync_tick"), self.completion())
 
-    def _tick(self):
-        with tf.control_dependencies([self.beat.scatter_update(spans.at(
-                self.worker, tf.timestamp()))]):
-            done = self._complete_if_ready()
-        with tf.control_dependencies([done]):
-            return self._gs.read_value()
+    def leave(self) -> InTurn:
+        """This worker leaves (stopped by SIGTERM): its span freed (`SpanQueue.released`),
+        its heartbeat cleared, so the step under way requires one gradient fewer at once,
+        not after `--sync_live_secs`; then the step completes if what it has is now
+        enough. int32: spans freed."""
+        def leave():
+            freed = self.queue.released(self.worker)
+            with tf.control_dependencies([freed, self.beat.scatter_update(spans.at(
+                    self.worker, tf.constant(0.0, tf.float64)))]):
+                return tf.identity(freed)
 
-    def leave(self):
-        """Op: this worker leaves (stopped by SIGTERM): its span freed
-        (`SpanQueue.released`), its heartbeat cleared, so the step under way requires one
-        gradient fewer at once, not after `--sync_live_secs`, and completes if what it has
-        is now enough. int32: spans freed."""
         with v1.device(self.queue.device):
-            return self.queue.lock.execute(self._leave, name="sync_leave")
-
-    def _leave(self):
-        freed = self.queue.released(self.worker)
-        with tf.control_dependencies([freed, self.beat.scatter_update(spans.at(
-                self.worker, tf.constant(0.0, tf.float64)))]):
-            done = self._complete_if_ready()
-        with tf.control_dependencies([done]):
-            return tf.identity(freed)
+            return InTurn(self.queue.lock.execute(leave, name="sync_leave"), self.completion())
 
     def _complete_if_ready(self):
         """In the lock: completes the step if it has the gradients the live workers require."""
@@ -277,22 +306,21 @@ class ElasticSync:
             return tf.constant(True)
 
     def pause(self, secs: float):
-        """(pause, resume) ops for a checkpoint save: between them no step completes, so the
-        model, the queue and `seen` are saved as of one step (pushes are still accepted;
-        the step under way is not saved). The pause ends by itself after `secs` (a save's
-        deadline), should its saver die before `resume`; `resume` completes a step that
-        became ready meanwhile."""
+        """(pause op, resume `InTurn`) for a checkpoint save: between them no step
+        completes, so the model, the queue and `seen` are saved as of one step (pushes are
+        still accepted; the step under way is not saved). The pause ends by itself after
+        `secs` (a save's deadline), should its saver die before `resume`; `resume` then
+        completes a step that became ready meanwhile."""
         with v1.device(self.queue.device):
             def set_pause():
                 return self.paused_until.assign(tf.timestamp() + secs, read_value=False)
 
             def unpause():
-                with tf.control_dependencies([self.paused_until.assign(0.0,
-                                                                       read_value=False)]):
-                    return self._complete_if_ready()
+                return self.paused_until.assign(0.0, read_value=False)
 
             return (self.queue.lock.execute(set_pause, name="sync_pause"),
-                    self.queue.lock.execute(unpause, name="sync_resume"))
+                    InTurn(self.queue.lock.execute(unpause, name="sync_resume"),
+                           self.completion()))
 
     def local_init(self):
         """Op for every session's local init: the step state's initial values where they
@@ -447,7 +475,7 @@ class TickHook(v1.train.SessionRunHook):
         options = v1.RunOptions(timeout_in_ms=int(TICK_SECS * 10_000))
         while not stop.wait(TICK_SECS):
             try:
-                session.run(self._op, options=options)
+                self._op(session, options)
             except Exception as e:  # noqa: BLE001 - any failure: the loop's faults handle it
                 if not logged:
                     logging.info("sync heartbeat: %s (the training loop handles faults)",

@@ -291,8 +291,8 @@ def saved_names(variables, renamed: Optional[dict] = None) -> dict:
 
 class StateSaver(v1.train.Saver):
     """A `Saver` that first runs `before_save` (an op, e.g. copying worker-local state to
-    the ps; or a callable of the session), and `after_save` once the save ended, written
-    or not.
+    the ps; or a callable of the session), and `after_save` (an op or a callable of the
+    session) once the save ended, written or not.
 
     Sharded saves write large variables a slice at a time, without a full-size
     copy (`chunked_save.ChunkedSaverBuilder`, unless `builder` is given).
@@ -328,21 +328,52 @@ class StateSaver(v1.train.Saver):
         try:
             return super().save(sess, *args, **kwargs)
         finally:
-            if self._after_save is not None:
-                sess.run(self._after_save)
+            self._run_after_save(sess)
 
     def lift(self, sess) -> None:
-        """Runs `after_save` (an op) outside a save: a chief's new session lifts the
+        """Runs `after_save` outside a save: a chief's new session lifts the
         pause a save of its predecessor left, killed mid-save (else the workers would
         wait out the pause's deadline, the save's: 110 s for a 1 GB state, measured as a
         73 s stall in benchmarks/NOTES.md). No save of this process is under way then."""
-        if self._after_save is not None:
+        self._run_after_save(sess)
+
+    def _run_after_save(self, sess) -> None:
+        if callable(self._after_save):  # e.g. a resume, then a completion (`elastic_sync`)
+            self._after_save(sess)
+        elif self._after_save is not None:
             sess.run(self._after_save)
 
     def restore(self, sess, save_path):
         if self.timeout_secs is not None:
             sess = _WithDeadline(sess, self.timeout_secs)
         return super().restore(sess, save_path)
+
+
+class WorkerSaver(v1.train.Saver):
+    """The saver of a training task that is not the chief: it builds no ops, and `save` and
+    `restore` raise RuntimeError.
+
+    Only the chief saves (`hooks.CheckpointHook`, its emergency save) and restores (its
+    session creator); a worker's session waits for the model the chief made ready. A
+    `Scaffold` needs a saver all the same, and a `StateSaver` of every variable builds a
+    save and a restore op per variable: ~10 % of a wide_deep worker's graph build, paid at
+    every worker's start, restart and join (benchmarks/NOTES.md, twenty-seventh stop).
+
+    `timeout_secs`: the chief's save deadline, which a worker's session creator reads too.
+    """
+
+    def __init__(self, timeout_secs: Optional[float] = None):
+        super().__init__(defer_build=True)
+        self.timeout_secs = timeout_secs
+
+    def build(self):  # `Scaffold.finalize` calls it: nothing to build
+        return None
+
+    def save(self, *args, **kwargs):
+        raise RuntimeError("a worker that is not the chief does not save checkpoints")
+
+    def restore(self, *args, **kwargs):
+        raise RuntimeError("a worker that is not the chief does not restore checkpoints")
 
 
 class _WithDeadline(tf_session.SessionInterface):

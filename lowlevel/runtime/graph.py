@@ -159,7 +159,8 @@ def _assemble(config: TrainConfig, mode: Mode, cluster, task: Task, model, step,
                    if h not in step.sync_hooks]
     local_init, around_save = _elastic_state(config, step, data.initializer, data.span)
     scaffold, saved, optimizer_names = scaffold_for(config, graph, step.local_ops, local_init,
-                                                    data.feed, spec.scaffold, around_save)
+                                                    data.feed, spec.scaffold, around_save,
+                                                    saves=task.is_chief)
     examples_per_step = data.batch_size * mode.replicas
     progress = progress_lib.ProgressHook(global_step, spec.loss, examples_per_step,
                                          config.train_steps, config.log_every_secs, steps,
@@ -211,7 +212,7 @@ def _elastic_state(config: TrainConfig, step: step_lib.TrainStep, iter_init, spa
 
 
 def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, feed,
-                 model_scaffold=None, around_save=(None, None)):
+                 model_scaffold=None, around_save=(None, None), saves: bool = True):
     """(scaffold, saved, optimizer names): local init and a saver of the portable names.
 
     Every mode saves the same names (`checkpoints.saved_names`), so a
@@ -222,7 +223,8 @@ def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, fee
     `iter_init`: the input's initializer, or None; `model_scaffold`: a model_fn's
     own `Scaffold`, whose init_op, init_fn, ready ops and local init op are kept
     (its saver is replaced by the portable one). `around_save`: ops run before and
-    after each save (`checkpoints.StateSaver`), or None.
+    after each save (`checkpoints.StateSaver`), or None. `saves`: False on a worker that
+    is not the chief, whose saver builds no ops (`checkpoints.WorkerSaver`).
     """
     local_init = tf.group(v1.local_variables_initializer(), v1.tables_initializer(),
                           *([iter_init] if iter_init is not None else []),
@@ -232,16 +234,14 @@ def scaffold_for(config: TrainConfig, graph: tf.Graph, local_ops, iter_init, fee
         local_init = state.load_state(after=local_init)
     saved = checkpoints.saved_names(graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES),
                                     state.names if state else None)
-    scaffold = v1.train.Scaffold(
-        **_kept(model_scaffold), local_init_op=local_init, local_init_feed_dict=feed,
-        saver=checkpoints.StateSaver(saved, state.save_state if state else around_save[0],
-                                     after_save=around_save[1], sharded=True,
-                                     max_to_keep=config.keep_checkpoint_max,
-                                     save_relative_paths=True,
-                                     timeout_secs=hooks.save_timeout_secs(
-                                         config.step_timeout_secs, _variable_bytes(
-                                             graph.get_collection(
-                                                 v1.GraphKeys.GLOBAL_VARIABLES)))))
+    timeout_secs = hooks.save_timeout_secs(config.step_timeout_secs, _variable_bytes(
+        graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)))
+    saver = checkpoints.StateSaver(
+        saved, state.save_state if state else around_save[0], after_save=around_save[1],
+        sharded=True, max_to_keep=config.keep_checkpoint_max, save_relative_paths=True,
+        timeout_secs=timeout_secs) if saves else checkpoints.WorkerSaver(timeout_secs)
+    scaffold = v1.train.Scaffold(**_kept(model_scaffold), local_init_op=local_init,
+                                 local_init_feed_dict=feed, saver=saver)
     model_names = checkpoints.saved_names(v1.trainable_variables())
     return scaffold, saved, set(saved) - set(model_names) - {checkpoints.GLOBAL_STEP}
 

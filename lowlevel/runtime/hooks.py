@@ -170,8 +170,9 @@ class CheckpointHook(v1.train.SessionRunHook):
 
 
 class LeaveHook(v1.train.SessionRunHook):
-    """A worker leaves the data queue at its loop's end: `leave` (int32, the spans freed:
-    `spans.SpanQueue.release`, `elastic_sync.ElasticSync.leave` in sync) frees its span
+    """A worker leaves the data queue at its loop's end: `leave` (int32, the spans freed: an
+    op, `spans.SpanQueue.release`; or a callable of the session and run options,
+    `elastic_sync.ElasticSync.leave` in sync) frees its span
     and clears its mark in the async save gate (a last step refused as the run ended
     leaves one, which the final save would wait for) and its sync heartbeat. Stopped by
     SIGTERM or SIGINT (`preempted` set: a resize, a preemption), that frees its span for
@@ -187,7 +188,8 @@ class LeaveHook(v1.train.SessionRunHook):
     def end(self, session):
         options = v1.RunOptions(timeout_in_ms=int(self.LEAVE_TIMEOUT_SECS * 1000))
         try:
-            freed = int(session.run(self._leave, options=options))
+            freed = int(self._leave(session, options) if callable(self._leave) else
+                        session.run(self._leave, options=options))
         except tf.errors.OpError as e:
             if self._preempted.is_set():
                 logging.warning("data queue: could not leave (%s); the span goes to another "

@@ -128,6 +128,76 @@ def measure(build: Callable[[], object], partitioner=None) -> tuple[dict[str, in
         return sizes, {t.op.name for t in graph.get_collection(embeddings.TABLES)}
 
 
+def measure_sharded(build: Callable[[object], object], partitioner_of: Callable[[int, int], object]
+                    ) -> tuple[dict[str, int], set, object]:
+    """(sizes, tables, partitioner): `measure(lambda: build(p), p)` for the partitioner
+    `p = partitioner_of(total bytes, table bytes)` of the model's own size, from one build.
+
+    Sizing the shards needs the model's bytes, so this took two scratch builds of the
+    model: whole, then sharded (~15 % of a worker's graph build, paid at every start,
+    restart and join; benchmarks/NOTES.md, twenty-seventh stop). Here `build` gets a
+    stand-in partitioner that splits nothing and notes which variables ask for it, or
+    for its `.for_tables` (`embeddings.table`); the model is measured whole, `p` made
+    from its bytes, and each variable that asked is cut as TensorFlow's variable store
+    cuts it with `p` (`_shards`). tests/test_placement.py checks this against two builds
+    for the built-in models.
+    """
+    from lowlevel.models import embeddings  # noqa: PLC0415 (placement does not need it otherwise
+    stand_in = _AsksFor(_AsksFor())
+    asked = {}  # variable name -> "dense" | "tables"
+
+    def note(getter, name, **kwargs):
+        role = ("dense" if kwargs.get("partitioner") is stand_in else
+                "tables" if kwargs.get("partitioner") is stand_in.for_tables else None)
+        if role:
+            asked[name] = role
+            kwargs["partitioner"] = None
+        return getter(name=name, **kwargs)
+
+    with tf.Graph().as_default() as graph:
+        with v1.variable_scope(v1.get_variable_scope(), custom_getter=note):
+            build(stand_in)
+        whole = {v.op.name: v for v in v1.global_variables()}
+        tables = {t.op.name for t in graph.get_collection(embeddings.TABLES)}
+    sizes = {name: op_bytes(v.op) for name, v in whole.items()}
+    partitioner = partitioner_of(sum(sizes.values()), sum(sizes[n] for n in tables))
+    sharded, sharded_tables = {}, set()
+    for name, v in whole.items():
+        role = asked.get(name)
+        cut = (partitioner if role == "dense" else
+               getattr(partitioner, "for_tables", None) if role == "tables" else None)
+        whole_only = cut is None or not v.shape.rank  # TensorFlow cuts no scalar
+        shards = {name: sizes[name]} if whole_only else _shards(name, v.shape,
+                                                                v.dtype.base_dtype, cut)
+        sharded.update(shards)
+        if name in tables:
+            sharded_tables.update(shards)
+    return sharded, sharded_tables, partitioner
+
+
+class _AsksFor:
+    """A partitioner that splits nothing (`measure_sharded`'s stand-in); `.for_tables`: the
+    tables' one, or None."""
+
+    def __init__(self, for_tables=None):
+        self.for_tables = for_tables
+
+    def __call__(self, shape, dtype, **_):
+        return [1] * tf.TensorShape(shape).rank
+
+
+def _shards(name: str, shape: tf.TensorShape, dtype, partitioner) -> dict[str, int]:
+    """{"<name>/part_<i>": bytes} of a variable of `shape` cut by `partitioner`, as
+    TensorFlow 2.21's variable store cuts it (`variable_scope._get_slice_dim_and_num_slices`
+    and `_iter_slices`): along the first axis given more than one part (none: one part),
+    `rows // n` rows each and one more in the first `rows % n`."""
+    slicing = partitioner(shape=shape, dtype=dtype)
+    axis, n = next(((i, k) for i, k in enumerate(slicing) if k > 1), (0, 1))
+    rows = shape[axis]
+    per_row = shape.num_elements() // rows * tf.as_dtype(dtype).size if rows else 0
+    return {f"{name}/part_{i}": (rows // n + (i < rows % n)) * per_row for i in range(n)}
+
+
 def grouped_plan(sizes: Mapping[str, int], num_ps: int, group) -> dict[str, int]:
     """`plan` of the variables in `group` (names) and, separately, of the others.
 

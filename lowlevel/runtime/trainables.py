@@ -97,19 +97,15 @@ class Builtin:
                    hub: str):
         """(device function, variable partitioner or None) of a training task.
 
-        The model is measured unsharded for its total bytes, which size the
-        shards, and then sharded, for the plan that balances the shards' bytes
-        over the ps tasks (`placement`).
+        The model's total bytes size the shards, and the plan balances the shards' bytes
+        over the ps tasks (`placement`); both from one scratch build of the model
+        (`placement.measure_sharded`).
         """
-
-        def probe(partitioner):
-            return lambda: models.for_config(config, self.data, partitioner, cluster.num_ps)(
-                self.data.probe_inputs())
-
-        whole, tables = placement.measure(probe(None))
-        partitioner = placement.partitioner(cluster.num_ps, sum(whole.values()),
-                                            sum(whole[n] for n in tables))
-        sizes, tables = placement.measure(probe(partitioner))
+        sizes, tables, partitioner = placement.measure_sharded(
+            lambda partitioner: models.for_config(config, self.data, partitioner,
+                                                  cluster.num_ps)(self.data.probe_inputs()),
+            lambda total, table_bytes: placement.partitioner(cluster.num_ps, total,
+                                                             table_bytes))
         device = placement.device_setter(cluster.as_dict(), task.task_index, worker_gpu,
                                          sizes, task.job_name, tables, worker=hub)
         return device, partitioner

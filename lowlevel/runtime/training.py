@@ -77,8 +77,8 @@ def train(config: TrainConfig, trainable, cluster: Optional[Cluster],
     with g.graph.as_default():
         creator = _session_creator(config, cluster, task, g, server, session_config, partial,
                                    outage)
-        logging.info("%s: graph built in %.1f s; creating session", task.name,
-                     time.monotonic() - started)
+        logging.info("%s: graph built in %.1f s (%.2f CPU s in this process); creating "
+                     "session", task.name, time.monotonic() - started, time.process_time())
         with _monitored_session(creator, g, config, cluster, task) as sess:
             _session_ready(sess, creator, g, task, started, preemption, config.output_dir)
             watch = None
