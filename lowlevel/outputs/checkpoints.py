@@ -356,7 +356,7 @@ class WorkerSaver(v1.train.Saver):
     Only the chief saves (`hooks.CheckpointHook`, its emergency save) and restores (its
     session creator); a worker's session waits for the model the chief made ready. A
     `Scaffold` needs a saver all the same, and a `StateSaver` of every variable builds a
-    save and a restore op per variable: ~10 % of a wide_deep worker's graph build, paid at
+    save and a restore op per variable: 10-16 % of a wide_deep worker's graph build, paid at
     every worker's start, restart and join (benchmarks/NOTES.md, twenty-seventh stop).
 
     `timeout_secs`: the chief's save deadline, which a worker's session creator reads too.

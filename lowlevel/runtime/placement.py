@@ -134,7 +134,7 @@ def measure_sharded(build: Callable[[object], object], partitioner_of: Callable[
     `p = partitioner_of(total bytes, table bytes)` of the model's own size, from one build.
 
     Sizing the shards needs the model's bytes, so this took two scratch builds of the
-    model: whole, then sharded (~15 % of a worker's graph build, paid at every start,
+    model: whole, then sharded (7-13 % of a worker's graph build, paid at every start,
     restart and join; benchmarks/NOTES.md, twenty-seventh stop). Here `build` gets a
     stand-in partitioner that splits nothing and notes which variables ask for it, or
     for its `.for_tables` (`embeddings.table`); the model is measured whole, `p` made
@@ -189,7 +189,7 @@ class _AsksFor:
 def _shards(name: str, shape: tf.TensorShape, dtype, partitioner) -> dict[str, int]:
     """{"<name>/part_<i>": bytes} of a variable of `shape` cut by `partitioner`, as
     TensorFlow 2.21's variable store cuts it (`variable_scope._get_slice_dim_and_num_slices`
-    and `_iter_slices`): along the first axis given more than one part (none: one part),
+    and `_iter_slices`): along the first axis with more than one part (none: one part),
     `rows // n` rows each and one more in the first `rows % n`."""
     slicing = partitioner(shape=shape, dtype=dtype)
     axis, n = next(((i, k) for i, k in enumerate(slicing) if k > 1), (0, 1))
