@@ -1,6 +1,7 @@
 """One training graph for every model (`lowlevel.runtime.graph.build`): a built-in model and the
 same model_fn brought as a user's build the same step; a user's model_fn spread over the ps
-tasks by bytes, each variable with its slots; the loss summary as estimator 2.15 adds it."""
+tasks by bytes, each variable with its slots; the loss summary as estimator 2.15 adds it; save and
+restore ops on the chief only."""
 
 import collections
 
@@ -97,3 +98,26 @@ def test_a_model_fn_gets_a_loss_summary_unless_it_made_one(own):
     assert len(losses) == 1
     # the model's own (of 2 * loss) is kept; else the runtime's reads the spec's loss
     assert (losses[0].op.inputs[1].op.type == "Mul") == own
+
+
+@pytest.mark.timeout(120)
+def test_only_the_chief_builds_save_and_restore_ops():
+    """A worker that is not the chief never saves or restores: its graph has no save or restore
+    op of its own (`checkpoints.WorkerSaver`), the chief's one per ps, and both save the same
+    names."""
+    data = data_lib.load_digits()
+    config = TrainConfig(model="mlp", hidden_units=(32,), train_steps=10)
+    graphs = {}
+    for index in (0, 1):
+        g = graph_lib.build(config, trainables.Builtin(config, data), TWO_PS,
+                            Task("worker", index))
+        with g.graph.as_default():
+            g.scaffold.finalize()
+        graphs[index] = g
+    ops = {i: collections.Counter(op.type for op in g.graph.get_operations())
+           for i, g in graphs.items()}
+    assert ops[0]["SaveV2"] == 2 and ops[0]["RestoreV2"] >= 2
+    assert ops[1]["SaveV2"] == 0 and ops[1]["RestoreV2"] == 0
+    assert sorted(graphs[0].saved) == sorted(graphs[1].saved)
+    with pytest.raises(RuntimeError, match="does not save"):
+        graphs[1].scaffold.saver.save(None, "/nonexistent/model.ckpt")
