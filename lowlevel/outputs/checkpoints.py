@@ -321,32 +321,32 @@ class StateSaver(v1.train.Saver):
         timeout_secs = timeout_secs or self.timeout_secs
         if timeout_secs is not None:
             sess = _WithDeadline(sess, timeout_secs)
-        if callable(self._before_save):  # e.g. a wait (`spans.SaveHold.before`)
-            self._before_save(sess)
-        elif self._before_save is not None:
-            sess.run(self._before_save)
+        _run_op_or_call(sess, self._before_save)  # e.g. a wait (`spans.SaveHold.before`)
         try:
             return super().save(sess, *args, **kwargs)
         finally:
-            self._run_after_save(sess)
+            _run_op_or_call(sess, self._after_save)
 
     def lift(self, sess) -> None:
         """Runs `after_save` outside a save: a chief's new session lifts the
         pause a save of its predecessor left, killed mid-save (else the workers would
         wait out the pause's deadline, the save's: 110 s for a 1 GB state, measured as a
         73 s stall in benchmarks/NOTES.md). No save of this process is under way then."""
-        self._run_after_save(sess)
-
-    def _run_after_save(self, sess) -> None:
-        if callable(self._after_save):  # e.g. a resume, then a completion (`elastic_sync`)
-            self._after_save(sess)
-        elif self._after_save is not None:
-            sess.run(self._after_save)
+        _run_op_or_call(sess, self._after_save)
 
     def restore(self, sess, save_path):
         if self.timeout_secs is not None:
             sess = _WithDeadline(sess, self.timeout_secs)
         return super().restore(sess, save_path)
+
+
+def _run_op_or_call(sess, what) -> None:
+    """Runs `what` in `sess`: an op, or a callable of the session (a wait; a resume, then a
+    completion: `elastic_sync.InTurn`); None does nothing."""
+    if callable(what):
+        what(sess)
+    elif what is not None:
+        sess.run(what)
 
 
 class WorkerSaver(v1.train.Saver):

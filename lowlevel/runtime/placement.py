@@ -120,12 +120,19 @@ class EvenShards:
 
 def measure(build: Callable[[], object], partitioner=None) -> tuple[dict[str, int], set]:
     """As `measure_variables`, plus the names of the variables that are embedding tables."""
+    variables, tables = _scratch(build, partitioner=partitioner)
+    return {name: op_bytes(v.op) for name, v in variables.items()}, tables
+
+
+def _scratch(build: Callable[[], object], **scope) -> tuple[dict, set]:
+    """({variable op name: variable}, names of the embedding tables) of `build()` in a
+    scratch graph, under a variable scope with `scope` (a partitioner, a custom getter)."""
     from lowlevel.models import embeddings  # noqa: PLC0415 (placement does not need it otherwise
     with tf.Graph().as_default() as graph:
-        with v1.variable_scope(v1.get_variable_scope(), partitioner=partitioner):
+        with v1.variable_scope(v1.get_variable_scope(), **scope):
             build()
-        sizes = {v.op.name: op_bytes(v.op) for v in v1.global_variables()}
-        return sizes, {t.op.name for t in graph.get_collection(embeddings.TABLES)}
+        return ({v.op.name: v for v in v1.global_variables()},
+                {t.op.name for t in graph.get_collection(embeddings.TABLES)})
 
 
 def measure_sharded(build: Callable[[object], object], partitioner_of: Callable[[int, int], object]
@@ -142,7 +149,6 @@ def measure_sharded(build: Callable[[object], object], partitioner_of: Callable[
     cuts it with `p` (`_shards`). tests/test_placement.py checks this against two builds
     for the built-in models.
     """
-    from lowlevel.models import embeddings  # noqa: PLC0415 (placement does not need it otherwise
     stand_in = _AsksFor(_AsksFor())
     asked = {}  # variable name -> "dense" | "tables"
 
@@ -154,11 +160,7 @@ def measure_sharded(build: Callable[[object], object], partitioner_of: Callable[
             kwargs["partitioner"] = None
         return getter(name=name, **kwargs)
 
-    with tf.Graph().as_default() as graph:
-        with v1.variable_scope(v1.get_variable_scope(), custom_getter=note):
-            build(stand_in)
-        whole = {v.op.name: v for v in v1.global_variables()}
-        tables = {t.op.name for t in graph.get_collection(embeddings.TABLES)}
+    whole, tables = _scratch(lambda: build(stand_in), custom_getter=note)
     sizes = {name: op_bytes(v.op) for name, v in whole.items()}
     partitioner = partitioner_of(sum(sizes.values()), sum(sizes[n] for n in tables))
     sharded, sharded_tables = {}, set()
