@@ -45,6 +45,15 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
           churn_ratio_in_run  the same against the churn run's own rate before its
                          first kill (steps 200 to 20 %: a short window, early in the
                          files; information)
+          churn_ratio_bracketed  the same against the mean of the churn run's own
+                         rates before its first kill and after worker2's leave (from
+                         1 s after its `left`, 2 workers again): both ends of the churn
+                         window in the same run, so a machine whose speed drifts over
+                         the run moves numerator and denominator alike (this machine's
+                         did: NOTES, 2026-12-03, twenty-eighth stop)
+        Examples are worker batches applied: async a batch a global step; sync 2 a step
+        with 2 live workers, and over the churn window the final checkpoint's
+        `sync_queue/aggregated` less 2 a step before the first kill
           cluster_ratio  the cluster's examples/s from the first kill to the end against
                          the reference's over the same steps, whoever trains: what churn
                          costs where the workers share the machine's cores (a worker
@@ -87,7 +96,7 @@ import numpy as np
 import psutil
 from absl import app, flags
 
-from benchmarks import _runners
+from benchmarks import _churn_figures, _runners
 from lowlevel import events
 
 FLAGS = flags.FLAGS
@@ -209,11 +218,6 @@ def _act(proc, run_dir: str, what: str, name: str) -> None:
         raise RuntimeError(f"--resize: {resized.stdout}{resized.stderr}")
 
 
-def _progress(run_dir: str) -> list:
-    return sorted((r["unix_time"], r["global_step"]) for r in events.read_all(run_dir)
-                  if r["event"] == "progress")
-
-
 def churn(out: str, files: list) -> dict:
     """`--churn_rounds` rounds of the churn run and its reference (the same run, nothing
     killed or resized), the order alternating; each round's figures (module doc) and the
@@ -247,7 +251,7 @@ def churn(out: str, files: list) -> dict:
 
 def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     """One 2 ps + 2 worker run of `--churn_steps`, `schedule` acted on as the global step
-    passes each point (the reference: none; its `kills` are those points, for `_rates`)."""
+    passes each point (the reference: none; its `kills` are those points, for `_churn_figures.rates`)."""
     run_dir = os.path.join(workdir, "out")
     os.makedirs(run_dir, exist_ok=True)
     shutil.copy(counts, os.path.join(run_dir, "line_counts.json"))
@@ -260,14 +264,18 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
                              *_common(files)], stdout=log, stderr=subprocess.STDOUT)
     kills, deadline = [], time.monotonic() + FLAGS.timeout_secs
     cpu = {}  # what -> the machine's CPU times when the schedule acted
+    # the new records only: a read of every record each poll cost this process ~0.1-0.2 of
+    # a core by the run's end, taken from the capped tasks' share of the 2 cores
+    follower, last = events.Follower(run_dir), (0.0, 0)  # the newest progress: time, step
     try:
         for at, what, name in schedule or ((SCHEDULE[0][0], "none", "-"),):
             while time.monotonic() < deadline and proc.poll() is None:
-                seen = _progress(run_dir)
-                if seen and seen[-1][1] >= _point(at):
+                last = max([last] + [(r["unix_time"], r["global_step"]) for r in follower.new()
+                                     if r["event"] == "progress"])
+                if last[1] >= _point(at):
                     break
                 time.sleep(0.05)
-            step = _progress(run_dir)[-1][1]
+            step = last[1]  # the newest step (after a ps's kill, the restored one)
             cpu.setdefault("first", psutil.cpu_times())
             cpu[what] = psutil.cpu_times()
             kills.append({"task": name, "what": what, "unix_time": time.time(),
@@ -289,8 +297,10 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     counted = _counts(run_dir, files)
     busy = {"machine_busy": _busy(cpu["first"], cpu["end"]),
             **({"join_busy": _busy(cpu["join"], cpu["leave"])} if "leave" in cpu else {})}
-    return {"kills": _kill_figures(run_dir, kills) if schedule else [],
-            **_rates(run_dir, kills, counted.get("batches_per_step", 1.0)), **busy, **counted}
+    records = events.read_all(run_dir)
+    return {"kills": _churn_figures.kill_figures(records, kills) if schedule else [],
+            **_churn_figures.rates(records, kills, FLAGS.batch_size, counted.get("aggregated")),
+            **busy, **counted}
 
 
 def _busy(start, end) -> float:
@@ -298,71 +308,6 @@ def _busy(start, end) -> float:
     idle = (end.idle + getattr(end, "iowait", 0.0)) - (start.idle + getattr(start, "iowait", 0.0))
     total = sum(end) - sum(start)
     return round(1.0 - idle / total, 3) if total > 0 else float("nan")
-
-
-def _kill_figures(run_dir: str, kills: list) -> list:
-    """Each kill with its resume_secs and (workers) rescale_secs."""
-    records, progress = events.read_all(run_dir), _progress(run_dir)
-    for kill in kills:
-        since = kill["unix_time"]
-        if kill["what"] == "leave":
-            left = [r["unix_time"] for r in records if r["task"] == kill["task"]
-                    and r["event"] == "left" and r["unix_time"] > since]
-            kill["left_secs"] = round(left[0] - since, 2) if left else None
-        if kill["task"].startswith("ps"):  # steps resume once the sessions are recovered
-            recovered = [r for r in records if r["event"] == "recovered"
-                         and since < r["unix_time"] < since + 60]
-            since = max([r["unix_time"] for r in recovered] or [since])
-            kill["rolled_back_steps"] = kill["global_step"] - min(
-                [r["restored_step"] or kill["global_step"] for r in recovered]
-                or [kill["global_step"]])
-        after = [t for t, _ in progress if t > since]
-        kill["resume_secs"] = round(after[0] - kill["unix_time"], 2) if after else None
-        if kill["task"].startswith("worker") and kill["what"] != "leave":
-            started = [r["unix_time"] for r in records if r["task"] == kill["task"]
-                       and r["event"] == "started" and r["unix_time"] > kill["unix_time"]]
-            first = [r for r in records if r["task"] == kill["task"]
-                     and r["event"] == "progress" and started and r["unix_time"] > started[0]]
-            kill["rescale_secs"] = (round(first[0]["unix_time"] - started[0], 2)
-                                    if first else None)
-            kill["rescale_cpu_secs"] = first[0].get("cpu_secs") if first else None
-    return kills
-
-
-def _live_worker_secs(records: list, since: float, until: float, kills: list) -> float:
-    """Seconds of live workers in [since, until): each from a session (`session_ready`, or
-    `recovered` after a lost one) to its next kill, the intervals of a worker merged."""
-    total = 0.0
-    for name in sorted({r["task"] for r in records if r["task"].startswith("worker")}):
-        starts = sorted(r["unix_time"] for r in records if r["task"] == name
-                        and r["event"] in ("session_ready", "recovered"))
-        ends = sorted(k["unix_time"] for k in kills if k["task"] == name
-                      and k["what"] != "join")
-        live_until = since  # the end of the intervals counted so far
-        for start in starts:
-            end = min([e for e in ends if e > start] or [until])
-            begin = max(start, since, live_until)
-            total += max(0.0, min(end, until) - begin)
-            live_until = max(live_until, end)
-    return total
-
-
-def _rates(run_dir: str, kills: list, per_step: float = 1.0) -> dict:
-    """Examples/s per worker before the first kill (2 workers); from it to the end, per
-    worker (`per_worker`: the reference run, 2 workers throughout) and per live worker.
-    `per_step`: worker batches a global step applies (async 1; sync: `_counts`')."""
-    records, progress = events.read_all(run_dir), _progress(run_dir)
-    first_kill = kills[0]["unix_time"]
-    before = [(t, s) for t, s in progress if t < first_kill and s >= 200]
-    after = [(t, s) for t, s in progress if t >= first_kill]
-    batch = FLAGS.batch_size * per_step
-    steady = (before[-1][1] - before[0][1]) * batch / (before[-1][0] - before[0][0]) / 2
-    examples = (after[-1][1] - kills[0]["global_step"]) * batch
-    per_worker = examples / (after[-1][0] - first_kill) / 2
-    per_live = examples / _live_worker_secs(records, first_kill, after[-1][0], kills)
-    return {"steady_per_worker": round(steady, 1), "per_worker": round(per_worker, 1),
-            "churn_per_live_worker": round(per_live, 1),
-            "churn_ratio_in_run": round(per_live / steady, 3)}
 
 
 def _counts(run_dir: str, files: list) -> dict:
@@ -379,8 +324,9 @@ def _counts(run_dir: str, files: list) -> dict:
         expected[start:start + state["offset"][k]] += 1
         start += n
     step = int(reader.get_tensor("global_step"))
-    sync = {"batches_per_step": round(int(reader.get_tensor("sync_queue/aggregated")) / step,
-                                      3)} if FLAGS.sync else {}
+    aggregated = int(reader.get_tensor("sync_queue/aggregated")) if FLAGS.sync else None
+    sync = {"aggregated": aggregated,
+            "batches_per_step": round(aggregated / step, 3)} if FLAGS.sync else {}
     return {"global_step": step, **sync, "passes": [int(state["passes"].min()),
                                             int(state["passes"].max())],
             "lost": int(np.sum(np.maximum(expected - state["seen"], 0))),
