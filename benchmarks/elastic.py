@@ -251,7 +251,8 @@ def churn(out: str, files: list) -> dict:
 
 def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     """One 2 ps + 2 worker run of `--churn_steps`, `schedule` acted on as the global step
-    passes each point (the reference: none; its `kills` are those points, for `_churn_figures.rates`)."""
+    passes each point (the reference: none; its `kills` are those points, for
+    `_churn_figures.rates`)."""
     run_dir = os.path.join(workdir, "out")
     os.makedirs(run_dir, exist_ok=True)
     shutil.copy(counts, os.path.join(run_dir, "line_counts.json"))
