@@ -50,7 +50,8 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
                          1 s after its `left`, 2 workers again): both ends of the churn
                          window in the same run, so a machine whose speed drifts over
                          the run moves numerator and denominator alike (this machine's
-                         did: NOTES, 2026-12-03, twenty-eighth stop)
+                         did: NOTES, 2026-12-03, twenty-eighth stop); absent when
+                         the run ends < 6 s after the `left` (async at 4,000 steps)
         Examples are worker batches applied: async a batch a global step; sync 2 a step
         with 2 live workers, and over the churn window the final checkpoint's
         `sync_queue/aggregated` less 2 a step before the first kill

@@ -156,9 +156,11 @@ def test_checkpoint_without_optimizer_state_resumes_with_one_warning(tmp_path):
     metrics = clusters.final_metrics(second)
     assert (metrics["start_global_step"], metrics["global_step"]) == (200, 400)
     # Fresh Adagrad accumulators (0.1) make the first steps after the resume about 3x larger
-    # than warm ones would: measured 0.894-0.958 over 7 runs (0.944 before the resume). An
-    # untrained or diverged model scores ~0.1 on digits.
-    assert metrics["accuracy"] >= 0.85, metrics
+    # than warm ones would, and how far that throws the async workers' local blocks is
+    # their timing's: 0.789-0.969 over 28 runs, 21 of them three at a time as CI runs
+    # (0.944 before the resume), and 0.836 once in CI. So this guards against a diverged
+    # or NaN run (a diverged or untrained model scores ~0.1 on digits), not the quality.
+    assert np.isfinite(metrics["loss"]) and metrics["accuracy"] >= 0.5, metrics
     assert sorted(_slots(tf.train.latest_checkpoint(str(second)))) == dropped
 
 
