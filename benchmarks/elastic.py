@@ -42,6 +42,17 @@ churn   2 ps + 2 workers, `--data_sharding=queue --count_examples --dynamic_work
                          same launch with nothing killed or resized, run beside it
                          (`--churn_rounds` pairs, the order alternating; the summary's
                          `churn_ratio` is the median of the rounds')
+          churn_ratio_matched  the same against the matched reference run's examples/s
+                         per live worker over the same window: the same launch with
+                         worker2's join and leave acted as in the churn run and nothing
+                         killed (`--matched_reference`). In sync, a step of 3 workers
+                         waits for the slowest of 3 and brings ps0 a third push, so 3
+                         workers train fewer examples/s per worker than 2 with nothing
+                         failing (0.76-0.85 here, benchmarks/NOTES.md, thirtieth stop);
+                         the 2-worker reference counts that as churn's cost, the matched
+                         one does not: it is what the kills and restarts cost against
+                         steady training of the same workers. Each round runs its three
+                         launches back to back, the order reversed every other round
           churn_ratio_in_run  the same against the churn run's own rate before its
                          first kill (steps 200 to 20 %: a short window, early in the
                          files; information)
@@ -99,6 +110,7 @@ from absl import app, flags
 
 from benchmarks import _churn_figures, _runners
 from lowlevel import events
+from lowlevel.ops import cpu_limits
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("repeats", 2, "Steady rounds (each runs both sides).")
@@ -120,6 +132,9 @@ flags.DEFINE_integer("churn_rounds", 1, "Churn runs, each with its reference run
                      "alternating).")
 flags.DEFINE_bool("churn_reference", True, "Run each churn run's reference: the same run with "
                   "nothing killed or resized (churn_ratio's denominator).")
+flags.DEFINE_bool("matched_reference", True, "Run each churn run's matched reference too: the "
+                  "same run with worker2's join and leave and nothing killed "
+                  "(churn_ratio_matched's denominator).")
 flags.DEFINE_float("kill_phase", 0.5, "Where in a checkpoint interval the schedule acts "
                    "(fraction of --checkpoint_steps after a save: 0.5, mid-interval, a ps's kill "
                    "rolls back half an interval, the mean of a kill at a random time; 0, as a "
@@ -139,6 +154,11 @@ flags.DEFINE_float("timeout_secs", 600, "A run still going after this is killed 
 # and back to 2 (it leaves)
 SCHEDULE = ((0.2, "kill", "worker1"), (0.35, "kill", "ps1"), (0.5, "kill", "worker0"),
             (0.65, "join", "worker2"), (0.85, "leave", "worker2"))
+# the references' schedules: the churn window's start noted ("none"), and for the matched
+# reference worker2's join and leave acted as in SCHEDULE
+REFERENCES = {"reference": ((SCHEDULE[0][0], "none", "-"),),
+              "matched": ((SCHEDULE[0][0], "none", "-"),
+                          *(act for act in SCHEDULE if act[1] in ("join", "leave")))}
 
 
 def _data(out: str) -> list:
@@ -228,12 +248,11 @@ def churn(out: str, files: list) -> dict:
     # the files' lines counted once, before any clock starts (`--count_examples` reads them)
     spans.line_counts(_train_paths(files), counts)
     rounds = []
+    sides = ["reference"] * FLAGS.churn_reference + ["matched"] * FLAGS.matched_reference
     for i in range(FLAGS.churn_rounds):
-        runs = {}
-        for side in (("reference", "churn") if i % 2 == 0 else ("churn", "reference")):
-            if side == "churn" or FLAGS.churn_reference:
-                runs[side] = _churn_run(os.path.join(out, f"{side}_r{i}"), files, counts,
-                                        SCHEDULE if side == "churn" else ())
+        order = (sides + ["churn"]) if i % 2 == 0 else (["churn"] + sides[::-1])
+        runs = {side: _churn_run(os.path.join(out, f"{side}_r{i}"), files, counts,
+                                 REFERENCES.get(side, SCHEDULE)) for side in order}
         figures = runs["churn"]
         if "reference" in runs:
             figures["reference_per_worker"] = runs["reference"]["per_worker"]
@@ -242,18 +261,41 @@ def churn(out: str, files: list) -> dict:
             figures["cluster_ratio"] = round(
                 figures["per_worker"] / figures["reference_per_worker"], 3)
             figures["reference_machine_busy"] = runs["reference"]["machine_busy"]
+            if "held_back" in runs["reference"]:
+                figures["reference_held_back"] = runs["reference"]["held_back"]
+                _warn_ps_bound(runs["reference"]["ps_bound"])
+        if "matched" in runs:
+            figures["matched_per_live_worker"] = runs["matched"]["churn_per_live_worker"]
+            figures["churn_ratio_matched"] = round(
+                figures["churn_per_live_worker"] / figures["matched_per_live_worker"], 3)
         rounds.append(figures)
         print(f"churn round {i}: " + json.dumps({k: v for k, v in figures.items()
                                                   if k != "kills"}), flush=True)
-    ratios = [r["churn_ratio"] for r in rounds if "churn_ratio" in r]
-    return {"rounds": rounds, "cpu": FLAGS.cpu,
-            **({"churn_ratio": round(statistics.median(ratios), 3)} if ratios else {})}
+    summary = {"rounds": rounds, "cpu": FLAGS.cpu}
+    for name in ("churn_ratio", "churn_ratio_matched"):
+        ratios = [r[name] for r in rounds if name in r]
+        if ratios:
+            summary[name] = round(statistics.median(ratios), 3)
+    return summary
+
+
+def _warn_ps_bound(ps_bound: dict) -> None:
+    """A line when a ps of the reference run was held back by its `--cpu` limit in most of
+    its periods (`ps_bound`: `cpu_limits.ps_held_back`): a joining worker's pushes then
+    wait on that ps too, so per live worker against the 2-worker reference partly
+    measures the ps's limit."""
+    if ps_bound:
+        print("churn: warning: the reference's ps tasks were held back by their CPU limits "
+              "in most periods (" + ", ".join(f"{name} {share:.0%}"
+                                             for name, share in ps_bound.items())
+              + "): a joining worker's pushes wait on them too, and per live worker partly "
+              "measures that limit (--cpu=ps=... gives them more)", flush=True)
 
 
 def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
-    """One 2 ps + 2 worker run of `--churn_steps`, `schedule` acted on as the global step
-    passes each point (the reference: none; its `kills` are those points, for
-    `_churn_figures.rates`)."""
+    """One 2 ps + 2 worker run of `--churn_steps`, `schedule` (`SCHEDULE`, or one of
+    `REFERENCES`) acted on as the global step passes each point ("none": only noted, for
+    `_churn_figures.rates`' window)."""
     run_dir = os.path.join(workdir, "out")
     os.makedirs(run_dir, exist_ok=True)
     shutil.copy(counts, os.path.join(run_dir, "line_counts.json"))
@@ -270,7 +312,7 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     # a core by the run's end, taken from the capped tasks' share of the 2 cores
     follower, last = events.Follower(run_dir), (0.0, 0)  # the newest progress: time, step
     try:
-        for at, what, name in schedule or ((SCHEDULE[0][0], "none", "-"),):
+        for at, what, name in schedule:
             while time.monotonic() < deadline and proc.poll() is None:
                 last = max([last] + [(r["unix_time"], r["global_step"]) for r in follower.new()
                                      if r["event"] == "progress"])
@@ -282,7 +324,7 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
             cpu[what] = psutil.cpu_times()
             kills.append({"task": name, "what": what, "unix_time": time.time(),
                           "global_step": step})
-            if schedule:
+            if what != "none":
                 _act(proc, run_dir, what, name)
                 print(f"churn: {what} {name} at global step {step}", flush=True)
         code = proc.wait(max(1.0, deadline - time.monotonic()))
@@ -300,9 +342,15 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     busy = {"machine_busy": _busy(cpu["first"], cpu["end"]),
             **({"join_busy": _busy(cpu["join"], cpu["leave"])} if "leave" in cpu else {})}
     records = events.read_all(run_dir)
-    return {"kills": _churn_figures.kill_figures(records, kills) if schedule else [],
+    with open(log.name) as f:
+        used = cpu_limits.parse_summary(f.read())
+    acted = [kill for kill in kills if kill["what"] != "none"]
+    return {"kills": _churn_figures.kill_figures(records, acted),
             **_churn_figures.rates(records, kills, FLAGS.batch_size, counted.get("aggregated")),
-            **busy, **counted}
+            **busy, **counted, **({"held_back": {
+                name: round(u["throttled_periods"] / u["periods"], 3)
+                for name, u in used.items() if u["periods"]},
+                "ps_bound": cpu_limits.ps_held_back(used)} if used else {})}
 
 
 def _busy(start, end) -> float:

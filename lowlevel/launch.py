@@ -247,9 +247,25 @@ def _close_cgroups(memory, cpu) -> None:
         if cgroups is None:
             continue
         print(f"launch: {what}: {cgroups.summary()}", flush=True)
+        if cgroups is cpu:
+            _warn_held_back_ps(cpu)
         for path in cgroups.close():
             print(f"launch: warning: could not remove cgroup {path} (a process still in it?)",
                   flush=True)
+
+
+def _warn_held_back_ps(cpu: "cpu_limits.TaskCgroups") -> None:
+    """One line per ps task whose CPU limit held it back in most of its periods
+    (`cpu_limits.ps_held_back`)."""
+    used = {name: cpu.used(name) for name in cpu.limits
+            if os.path.isdir(os.path.join(cpu.base, name))}
+    for name, share in cpu_limits.ps_held_back(used).items():
+        print(f"launch: warning: {name} was held back by its CPU limit "
+              f"({cpu_limits.quantity(cpu.limits[name])}) in {share:.0%} of its "
+              f"{cpu_limits.PERIOD_US // 1000} ms periods: a request that came after its "
+              "quota was spent waited for the next period, and so did the workers' steps "
+              "behind it; if steps are slower than expected, give the ps tasks more CPU "
+              "(--cpu=ps=...) or more ps tasks", flush=True)
 
 
 def script_commands(script: str, script_args: list[str], num_ps: int, num_workers: int,

@@ -281,6 +281,14 @@ def test_each_task_runs_within_its_cpu_limit_and_sizes_its_pools_for_it(tmp_path
                            r"(\d+) periods at (?:250|500)m", result.stdout))
     assert set(used) == {"ps0", "worker0", "worker1"}, result.stdout[-1500:]
     assert all(int(periods) > 0 for periods in used.values()), used
+    # a ps held back in most of its periods is named in a warning, and only then
+    from lowlevel.ops import cpu_limits
+    parsed = cpu_limits.parse_summary(result.stdout)
+    assert {name: u["periods"] for name, u in parsed.items()} == {
+        name: int(periods) for name, periods in used.items()}
+    warned = re.findall(r"launch: warning: (ps\d) was held back by its CPU limit \(250m\) in "
+                        r"\d+% of its 100 ms periods", result.stdout)
+    assert warned == list(cpu_limits.ps_held_back(parsed)), (warned, parsed)
     assert _cpu_launcher_cgroups() == before
     assert not clusters.leftovers(out)
 

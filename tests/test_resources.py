@@ -308,3 +308,35 @@ def test_cpu_cgroups_get_their_quota_and_a_joining_worker_its_roles(tmp_path, ve
             os.remove(os.path.join(groups.base, name, file))
     os.remove(os.path.join(groups.base, "cgroup.subtree_control")) if version == 2 else None
     assert groups.close() == [] and not os.path.exists(groups.base)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_ps_held_back_in_most_periods_is_named_from_the_launchers_summary(tmp_path, version):
+    """Each task's `cpu.stat` (a fake tree's) through `TaskCgroups.summary`, the line the
+    launcher prints, read back by `parse_summary`; `ps_held_back` names the ps held back in
+    more than half of its periods, not a worker that is (it is computing) nor a ps below."""
+    from decimal import Decimal
+
+    from lowlevel.ops import cpu_limits
+    root = v1_tree(tmp_path) if version == 1 else v2_tree(tmp_path)
+    limits = {"ps0": Decimal("0.4"), "ps1": Decimal("0.4"), "worker0": Decimal("0.3")}
+    groups = cpu_limits.TaskCgroups(limits, root=root)
+    stats = {"ps0": (602, 476, 12.8), "ps1": (596, 83, 0.5), "worker0": (627, 600, 9.2)}
+    for name, (periods, throttled, held) in stats.items():
+        groups.add(name, None)
+        held_line = (f"throttled_usec {int(held * 1e6)}" if version == 2
+                     else f"throttled_time {int(held * 1e9)}")
+        with open(os.path.join(groups.base, name, "cpu.stat"), "w") as f:
+            f.write(f"nr_periods {periods}\nnr_throttled {throttled}\n{held_line}\n")
+    line = f"launch: CPU: {groups.summary()}"
+    used = cpu_limits.parse_summary("launch: CPU limits (--cpu): ps0 400m\n" + line + "\n")
+    assert {name: (u["periods"], u["throttled_periods"], u["held_back_secs"], u["limit"])
+            for name, u in used.items()} == {
+        name: (p, t, h, limits[name]) for name, (p, t, h) in stats.items()}
+    assert cpu_limits.ps_held_back(used) == {"ps0": round(476 / 602, 3)}
+    assert cpu_limits.parse_summary("launch: all 3 tasks exited 0") == {}
+    for name in stats:
+        for file in os.listdir(os.path.join(groups.base, name)):
+            os.remove(os.path.join(groups.base, name, file))
+    os.remove(os.path.join(groups.base, "cgroup.subtree_control")) if version == 2 else None
+    assert groups.close() == [] and not os.path.exists(groups.base)

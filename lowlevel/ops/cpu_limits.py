@@ -20,6 +20,7 @@ be made, `TaskCgroups` raises `CpuLimitError` saying what to do
 from __future__ import annotations
 
 import os
+import re
 from decimal import Decimal
 from typing import Optional
 
@@ -28,6 +29,7 @@ from lowlevel.ops import resources, task_cgroups
 from lowlevel.ops.task_cgroups import write
 
 PERIOD_US = 100_000  # the CFS period: the kernel's default (cgroup v1 and v2)
+PS_HELD_BACK_SHARE = 0.5  # a ps held back in more of its periods is what its workers wait for
 
 
 class CpuLimitError(UsageError):
@@ -77,7 +79,7 @@ class TaskCgroups(task_cgroups.TaskCgroupsBase):
 
     def summary(self) -> str:
         """"ps0 12.3 CPU-s, held back 0.4 s in 5 of 120 periods at 500m, ...": each
-        limited task's use of its quota."""
+        limited task's use of its quota (`parse_summary` reads it back)."""
         parts = []
         for name, limit in self.limits.items():
             if not os.path.isdir(os.path.join(self.base, name)):
@@ -89,6 +91,44 @@ class TaskCgroups(task_cgroups.TaskCgroupsBase):
             parts.append(f"{name} {cpu}held back {held} s in {used['throttled_periods']} of "
                          f"{used['periods']} periods at {quantity(limit)}")
         return ", ".join(parts)
+
+
+def parse_summary(text: str) -> dict[str, dict]:
+    """The tasks' figures in the last `TaskCgroups.summary` line of `text` (a launcher's
+    output): {task: {"cpu_secs" (None where not counted), "held_back_secs" (None where
+    not counted), "throttled_periods", "periods", "limit" (CPUs, `Decimal`)}}; {} where
+    `text` has no such line."""
+    lines = [line for line in text.splitlines() if " periods at " in line]
+    if not lines:
+        return {}
+    return {m["task"]: {"cpu_secs": float(m["cpu"]) if m["cpu"] else None,
+                        "held_back_secs": None if m["held"] == "?" else float(m["held"]),
+                        "throttled_periods": int(m["throttled"]), "periods": int(m["periods"]),
+                        "limit": resources.cpu_quantity(m["limit"])}
+            for m in _SUMMARY_PART.finditer(lines[-1])}
+
+
+_SUMMARY_PART = re.compile(r"(?P<task>[a-z]+\d+) (?:(?P<cpu>[\d.]+) CPU-s, )?held back "
+                           r"(?P<held>[\d.]+|\?) s in (?P<throttled>\d+) of (?P<periods>\d+) "
+                           r"periods at (?P<limit>[\d.]+m?)")
+
+
+def ps_held_back(used: dict[str, dict], share: float = PS_HELD_BACK_SHARE) -> dict[str, float]:
+    """{ps task: share of its CFS periods in which its quota stopped it} for the ps tasks of
+    `used` ({task: `TaskCgroups.used` or `parse_summary` figures}) held back in more than
+    `share` of them: a ps whose limit the workers' steps may wait for.
+
+    A ps works in bursts (a push, a step's reads): held back in most periods, a burst
+    that arrives after its quota is spent waits for the next period (up to
+    `PERIOD_US`), and the steps that need it with it. Measured (sync wide_deep, 2 ps, 2 or
+    3 workers at 300m, the data queue on ps0; benchmarks/NOTES.md, thirtieth stop): ps0 at
+    400m was held back in 79-87 % of its periods, at 500m in 6-7 % with 2 workers and
+    43-47 % with 3; with 3 workers 15.8 and 25.0 steps/s at 400m, 28.3 and 27.0 at 500m.
+    A worker held back in most periods is computing: not listed."""
+    return {name: round(u["throttled_periods"] / u["periods"], 3)
+            for name, u in used.items()
+            if name.startswith("ps") and u.get("periods") and u.get("throttled_periods")
+            is not None and u["throttled_periods"] / u["periods"] > share}
 
 
 def quantity(cpus: Decimal) -> str:
