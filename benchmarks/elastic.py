@@ -1,6 +1,8 @@
 """The data queue under churn: what a kill costs, and whether every example is in once.
 
-    python -m benchmarks.elastic                      # ~9 min on 2 idle cores
+    python -m benchmarks.elastic                      # ~9 min on 2 idle cores before the
+                                                      # matched reference; a churn round of
+                                                      # three launches: ~8-10 min (2026-12-07)
     python -m benchmarks.elastic --repeats=1 --skip_steady
     python -m benchmarks.elastic --skip_steady --data_dir=/data/criteo --churn_steps=24000
     python -m benchmarks.elastic --sync               # the same in sync training
