@@ -349,10 +349,8 @@ def _churn_run(workdir: str, files: list, counts: str, schedule) -> dict:
     acted = [kill for kill in kills if kill["what"] != "none"]
     return {"kills": _churn_figures.kill_figures(records, acted),
             **_churn_figures.rates(records, kills, FLAGS.batch_size, counted.get("aggregated")),
-            **busy, **counted, **({"held_back": {
-                name: round(u["throttled_periods"] / u["periods"], 3)
-                for name, u in used.items() if u["periods"]},
-                "ps_bound": cpu_limits.ps_held_back(used)} if used else {})}
+            **busy, **counted, **({"held_back": cpu_limits.held_back_shares(used),
+                                   "ps_bound": cpu_limits.ps_held_back(used)} if used else {})}
 
 
 def _busy(start, end) -> float:

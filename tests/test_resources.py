@@ -333,6 +333,8 @@ def test_a_ps_held_back_in_most_periods_is_named_from_the_launchers_summary(tmp_
     assert {name: (u["periods"], u["throttled_periods"], u["held_back_secs"], u["limit"])
             for name, u in used.items()} == {
         name: (p, t, h, limits[name]) for name, (p, t, h) in stats.items()}
+    assert cpu_limits.held_back_shares(used) == {
+        name: round(t / p, 3) for name, (p, t, _) in stats.items()}
     assert cpu_limits.ps_held_back(used) == {"ps0": round(476 / 602, 3)}
     assert cpu_limits.parse_summary("launch: all 3 tasks exited 0") == {}
     for name in stats:

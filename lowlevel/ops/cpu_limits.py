@@ -29,7 +29,7 @@ from lowlevel.ops import resources, task_cgroups
 from lowlevel.ops.task_cgroups import write
 
 PERIOD_US = 100_000  # the CFS period: the kernel's default (cgroup v1 and v2)
-PS_HELD_BACK_SHARE = 0.5  # a ps held back in more of its periods is what its workers wait for
+PS_HELD_BACK_SHARE = 0.5  # a ps held back in more of its periods: the launcher warns
 
 
 class CpuLimitError(UsageError):
@@ -125,10 +125,17 @@ def ps_held_back(used: dict[str, dict], share: float = PS_HELD_BACK_SHARE) -> di
     400m was held back in 79-87 % of its periods, at 500m in 6-7 % with 2 workers and
     43-47 % with 3; with 3 workers 15.8 and 25.0 steps/s at 400m, 28.3 and 27.0 at 500m.
     A worker held back in most periods is computing: not listed."""
+    return {name: held for name, held in held_back_shares(used).items()
+            if name.startswith("ps") and held > share}
+
+
+def held_back_shares(used: dict[str, dict]) -> dict[str, float]:
+    """{task: share of its CFS periods in which its quota stopped it, to 3 places} of
+    `used` ({task: `TaskCgroups.used` or `parse_summary` figures}), for the tasks that ran
+    under their quota in at least one period and whose throttled periods are counted."""
     return {name: round(u["throttled_periods"] / u["periods"], 3)
             for name, u in used.items()
-            if name.startswith("ps") and u.get("periods") and u.get("throttled_periods")
-            is not None and u["throttled_periods"] / u["periods"] > share}
+            if u.get("periods") and u.get("throttled_periods") is not None}
 
 
 def quantity(cpus: Decimal) -> str:
