@@ -445,3 +445,40 @@ def test_the_chiefs_end_wait_goes_on_past_a_ps0_that_cannot_be_reached(ports, tm
             ps_task.wait(10)
     assert missing == {}  # the worker that had exited is not waited for...
     assert waited < 25, waited  # ...once its port refused for GONE_SECS, not to the 60 s
+
+
+@pytest.mark.timeout(120)
+def test_a_report_queue_read_at_short_deadlines_loses_no_report(ports, tmp_path):
+    """`shutdown.ReportQueue.take` against a real ps, read in 5 ms waits while another
+    session reports 400 indices: every one arrives once. (A dequeue with a 5 ms
+    `timeout_in_ms` lost 170 of 2,000 this way: the ps hands the element over, then the
+    run is cancelled; at the start barrier's 500 ms it lost a worker's report in CI.)"""
+    ps, chief = (f"127.0.0.1:{p}" for p in ports(2))
+    ps_task = clusters.start(clusters.trainer_argv([ps], [chief], "ps", 0), tmp_path / "ps0.log")
+    reports, got = 400, []
+    try:
+        deadline = time.monotonic() + 60
+        while not probes.answers(ps, 0.3):
+            assert time.monotonic() < deadline and ps_task.poll() is None, \
+                clusters.tail(tmp_path / "ps0.log")
+            time.sleep(0.2)
+        spec = tf.compat.v1.train.ClusterSpec({"ps": [ps], "worker": [chief]})
+        server = tf.compat.v1.train.Server(spec, "worker", 0, start=True)
+        with tf.Graph().as_default():
+            queue = shutdown.ReportQueue("lowlevel/test_reports", shutdown.ps_device(0))
+            with tf.compat.v1.Session(server.target) as reader, \
+                    tf.compat.v1.Session(server.target) as writer:
+                def report_all():
+                    for i in range(reports):
+                        queue.report(writer, i)
+                        time.sleep(0.001 * (i % 7))
+                thread = threading.Thread(target=report_all)
+                thread.start()
+                while len(got) < reports and time.monotonic() < deadline:
+                    got += queue.take(reader, 0.005)
+                thread.join(30)
+                got += queue.take(reader, 0.5)
+    finally:
+        ps_task.kill()
+        ps_task.wait(10)
+    assert sorted(got) == list(range(reports)), (len(got), len(set(got)))

@@ -174,6 +174,69 @@ def queue(name: str, device: str, capacity: int = 1024):
                             name=name.replace("/", "_"))
 
 
+
+# How often `ReportQueue.take` reads the queue's size while it waits, seconds.
+REPORT_POLL_SECS = 0.02
+
+
+class ReportQueue:
+    """A queue of int32 reports (replica indices) on one ps, written by many tasks and
+    read by one (the chief), built into the current graph.
+
+    The reader never waits inside a dequeue. A dequeue whose `session.run` passes
+    its `timeout_in_ms` can lose the element it was just given: ps's queue hands
+    it over, then the step is cancelled and its result dropped (TF logs "Skipping
+    cancelled dequeue attempt"). Measured on TF 2.21, one ps and a reader
+    polling with 5 ms deadlines: 170 of 2,000 elements lost; at the chief's old
+    500 ms deadlines, the start barrier lost a worker's only report once in CI
+    (2026-12-07). `take` instead polls the size (a read: nothing is lost when its
+    deadline passes) and dequeues only the reports already there, which returns at
+    once because no other task dequeues them.
+
+    Args:
+      name: the queue's shared name, e.g. "lowlevel/workers_done".
+      device: the ps device string it lives on.
+    """
+
+    def __init__(self, name: str, device: str):
+        q = queue(name, device)
+        self._index = v1.placeholder(tf.int32, [], name=name.replace("/", "_") + "_index")
+        self._count = v1.placeholder(tf.int32, [], name=name.replace("/", "_") + "_count")
+        self._report = q.enqueue(self._index)
+        self._size = q.size()
+        self._take = q.dequeue_many(self._count)
+
+    def report(self, sess, index: int) -> None:
+        """Enqueues `index`. Raises what the run raises (ps unreachable: `peer_unreachable`)."""
+        sess.run(self._report, {self._index: index},
+                 options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
+
+    def take(self, sess, timeout_secs: float,
+             stop: Optional[threading.Event] = None) -> list[int]:
+        """The reader: the reports queued within `timeout_secs` seconds (the size is read
+        every `REPORT_POLL_SECS`); [] if none came or `stop` was set.
+
+        Raises:
+          What a run raises (`DeadlineExceededError` or `UnavailableError` when the
+          ps does not answer: `peer_unreachable`).
+        """
+        deadline = time.monotonic() + timeout_secs
+        while True:
+            # A healthy ps answers a size read in ~1 ms; a frozen one delays the
+            # caller's deadline by at most a second.
+            left_ms = (deadline - time.monotonic()) * 1000
+            count = int(sess.run(self._size, options=v1.RunOptions(
+                timeout_in_ms=int(min(SIGNAL_TIMEOUT_MS, max(1000, left_ms))))))
+            if count:
+                return [int(i) for i in sess.run(
+                    self._take, {self._count: count},
+                    options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))]
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                return []
+            time.sleep(min(REPORT_POLL_SECS, left))
+
+
 def ps_device(k: int) -> str:
     """The device string of ps task `k`'s CPU, where its queues live."""
     return f"/job:ps/task:{k}/device:CPU:0"
@@ -184,10 +247,7 @@ class ShutdownChannel:
 
     def __init__(self, num_ps: int):
         self.num_ps = num_ps
-        self._task_index = v1.placeholder(tf.int32, [], name="shutdown_task_index")
-        done = queue("lowlevel/workers_done", ps_device(0))
-        self._report_done = done.enqueue(self._task_index)
-        self._next_done = done.dequeue()
+        self._done = ReportQueue("lowlevel/workers_done", ps_device(0))
         self._stop_ps = [queue(f"lowlevel/stop_ps{k}", ps_device(k)).enqueue(0)
                          for k in range(num_ps)]
         ended = queue("lowlevel/ended_early", ps_device(0))
@@ -214,8 +274,7 @@ class ShutdownChannel:
         chief notices this worker's exit instead (`wait_for_workers`).
         """
         try:
-            sess.run(self._report_done, {self._task_index: task_index},
-                     options=v1.RunOptions(timeout_in_ms=SIGNAL_TIMEOUT_MS))
+            self._done.report(sess, task_index)
         except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
             if not peer_unreachable(e):
                 raise
@@ -244,24 +303,20 @@ class ShutdownChannel:
         deadline = time.monotonic() + timeout_secs
         warned = False
         while missing and time.monotonic() < deadline and not (stop and stop.is_set()):
-            ms = int(min(POLL_SECS, max(0.0, deadline - time.monotonic())) * 1000) + 1
             try:
-                missing.pop(int(sess.run(self._next_done,
-                                         options=v1.RunOptions(timeout_in_ms=ms))), None)
-                continue
+                for i in self._done.take(sess, min(POLL_SECS, deadline - time.monotonic()), stop):
+                    missing.pop(i, None)
             except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
                 if not peer_unreachable(e):
                     raise
-                if not isinstance(e, tf.errors.DeadlineExceededError):
-                    # ps 0 unreachable (its channel reconnecting after an outage, or it
-                    # is being restarted): the reports are best effort; the workers'
-                    # exits still count, and the wait stays bounded by its deadline.
-                    if not warned:
-                        logging.warning("chief: cannot read the workers' reports on ps0 "
-                                        "(%s); watching for their exits instead",
-                                        type(e).__name__)
-                        warned = True
-                    time.sleep(min(POLL_SECS, max(0.0, deadline - time.monotonic())))
+                # ps 0 unreachable or not answering (its channel reconnecting after an
+                # outage, or it is being restarted): the reports are best effort; the
+                # workers' exits still count, and the wait stays bounded by its deadline.
+                if not warned:
+                    logging.warning("chief: cannot read the workers' reports on ps0 (%s); "
+                                    "watching for their exits instead", type(e).__name__)
+                    warned = True
+                time.sleep(min(POLL_SECS, max(0.0, deadline - time.monotonic())))
             now = time.monotonic()
             for i, address in list(missing.items()):
                 if reachable(address, 0.2):

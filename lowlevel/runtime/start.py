@@ -18,8 +18,9 @@ The protocol, on a fresh run only (global step 0 when the session is ready):
 1. Each non-chief worker, once its session is ready, enqueues its replica
    index on ps 0's `lowlevel/workers_ready` queue, then waits (polling every
    `WORKER_POLL_SECS`) until the global step moves: the chief's first claim.
-2. The chief, once its session is ready, dequeues reports until every other
-   worker has reported or `wait_secs` (`--start_wait_secs`) have passed; the
+2. The chief, once its session is ready, takes the reports (`shutdown.ReportQueue`,
+   which never loses one to a deadline) until every other worker has reported
+   or `wait_secs` (`--start_wait_secs`) have passed; the
    workers still missing are logged (they will join late) and named in the
    `start_barrier` event.
 3. The chief starts training; its first claim moves the global step, and
@@ -53,9 +54,6 @@ v1 = tf.compat.v1
 WORKER_POLL_SECS = 0.01
 # How much longer than the chief a worker waits before it starts on its own.
 WORKER_GRACE_SECS = 5.0
-# The longest single dequeue of the chief's wait, so it notices preemption.
-_CHIEF_POLL_MS = 500
-_SIGNAL_TIMEOUT_MS = 10_000
 
 
 class StartBarrier:
@@ -67,10 +65,7 @@ class StartBarrier:
     """
 
     def __init__(self, global_step, ps0_device: str):
-        self._replica = v1.placeholder(tf.int32, [], name="start_replica_index")
-        queue = shutdown.queue("lowlevel/workers_ready", ps0_device)
-        self._report = queue.enqueue(self._replica)
-        self._next = queue.dequeue()
+        self._ready = shutdown.ReportQueue("lowlevel/workers_ready", ps0_device)
         self._step = global_step.read_value()
 
     def step(self, sess) -> int:
@@ -78,28 +73,28 @@ class StartBarrier:
 
     def report_ready(self, sess, replica_index: int) -> None:
         """A non-chief worker: tells the chief its session is ready."""
-        sess.run(self._report, {self._replica: replica_index},
-                 options=v1.RunOptions(timeout_in_ms=_SIGNAL_TIMEOUT_MS))
+        self._ready.report(sess, replica_index)
 
     def wait_for_reports(self, sess, workers: dict[int, str], timeout_secs: float,
                          stop: threading.Event) -> dict[int, str]:
         """The chief: waits for each of `workers` ({replica index: name}) to report.
 
         Returns the workers that did not report within `timeout_secs` seconds
-        (or before `stop` was set), as `workers` names them.
+        (or before `stop` was set), as `workers` names them. A ps 0 that does not
+        answer ends the wait (logged): training's fault handling takes over.
         """
         missing = dict(workers)
         deadline = time.monotonic() + timeout_secs
-        while missing and not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ms = int(min(_CHIEF_POLL_MS, left * 1000)) + 1
+        while missing and not stop.is_set() and time.monotonic() < deadline:
             try:
-                missing.pop(int(sess.run(self._next, options=v1.RunOptions(timeout_in_ms=ms))),
-                            None)
-            except tf.errors.DeadlineExceededError:
-                pass
+                for index in self._ready.take(sess, deadline - time.monotonic(), stop):
+                    missing.pop(index, None)
+            except Exception as e:  # noqa: BLE001 - narrowed by `peer_unreachable`
+                if not peer_unreachable(e):
+                    raise
+                logging.warning("chief: cannot read the workers' ready reports on ps0 (%s); "
+                                "starting without them", type(e).__name__)
+                break
         return missing
 
     def wait_for_start(self, sess, timeout_secs: float, stop: threading.Event) -> bool:
