@@ -412,20 +412,27 @@ def test_the_watchdog_ends_a_run_stuck_past_its_deadline_with_200():
     _ends_with_200_naming(STUCK_RUN_SCRIPT, "worker0")
 
 
+def _start_ps(ps: str, workers: list, tmp_path):
+    """ps 0 of a cluster of `ps` and `workers` as a real trainer process, once it answers."""
+    ps_task = clusters.start(clusters.trainer_argv([ps], workers, "ps", 0), tmp_path / "ps0.log")
+    deadline = time.monotonic() + 60
+    while not probes.answers(ps, 0.3):
+        if time.monotonic() >= deadline or ps_task.poll() is not None:
+            ps_task.kill()
+            ps_task.wait(10)
+            raise AssertionError(clusters.tail(tmp_path / "ps0.log"))
+        time.sleep(0.2)
+    return ps_task
+
+
 @pytest.mark.timeout(90)
 def test_the_chiefs_end_wait_goes_on_past_a_ps0_that_cannot_be_reached(ports, tmp_path):
     """Protocol step 3 with ps 0 gone (its runs fail with UnavailableError, as right after a
     session recovered from an outage): the chief does not fail the run; it watches the
     workers' exits instead, and a worker that has exited stops being waited for."""
     ps, chief, gone = (f"127.0.0.1:{p}" for p in ports(3))
-    ps_task = clusters.start(clusters.trainer_argv([ps], [chief, gone], "ps", 0),
-                             tmp_path / "ps0.log")
+    ps_task = _start_ps(ps, [chief, gone], tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not probes.answers(ps, 0.3):
-            assert time.monotonic() < deadline and ps_task.poll() is None, \
-                clusters.tail(tmp_path / "ps0.log")
-            time.sleep(0.2)
         spec = tf.compat.v1.train.ClusterSpec({"ps": [ps], "worker": [chief, gone]})
         config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", "/job:worker/task:0"])
         server = tf.compat.v1.train.Server(spec, "worker", 0, config=config, start=True)
@@ -454,14 +461,9 @@ def test_a_report_queue_read_at_short_deadlines_loses_no_report(ports, tmp_path)
     `timeout_in_ms` lost 170 of 2,000 this way: the ps hands the element over, then the
     run is cancelled; at the start barrier's 500 ms it lost a worker's report in CI.)"""
     ps, chief = (f"127.0.0.1:{p}" for p in ports(2))
-    ps_task = clusters.start(clusters.trainer_argv([ps], [chief], "ps", 0), tmp_path / "ps0.log")
+    ps_task = _start_ps(ps, [chief], tmp_path)
     reports, got = 400, []
     try:
-        deadline = time.monotonic() + 60
-        while not probes.answers(ps, 0.3):
-            assert time.monotonic() < deadline and ps_task.poll() is None, \
-                clusters.tail(tmp_path / "ps0.log")
-            time.sleep(0.2)
         spec = tf.compat.v1.train.ClusterSpec({"ps": [ps], "worker": [chief]})
         server = tf.compat.v1.train.Server(spec, "worker", 0, start=True)
         with tf.Graph().as_default():
