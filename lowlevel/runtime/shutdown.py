@@ -174,7 +174,6 @@ def queue(name: str, device: str, capacity: int = 1024):
                             name=name.replace("/", "_"))
 
 
-
 # How often `ReportQueue.take` reads the queue's size while it waits, seconds.
 REPORT_POLL_SECS = 0.02
 
